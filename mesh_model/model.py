@@ -1,0 +1,128 @@
+"""The recursive GPT-NeoX: embeddings, prelude, core(s) with state passing, coda, head."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mesh_model.config import ModelConfig
+from mesh_model.layers import Block, Stack, rotary_tables
+from mesh_model.schemes import StatePassing, build_state_passing
+
+
+@dataclass
+class ModelOutput:
+    """``loss`` is the mean next-token cross-entropy when labels were given.
+
+    ``hidden_states`` (when asked for) maps stage names to (N, L, D) tensors in order:
+    ``embedding`` (h_emb), ``prelude``, ``h0`` .. ``hK``, ``coda`` (before the final LayerNorm).
+    A vanilla layout has ``embedding``, ``prelude`` (all its layers) and ``coda``.
+    """
+
+    logits: Tensor
+    loss: Tensor | None = None
+    hidden_states: dict[str, Tensor] | None = None
+
+
+class MeshTransformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        layout = config.parsed_layout
+        d, heads, hidden = config.d_model, config.n_heads, config.mlp_ratio * config.d_model
+
+        def stack(n: int) -> Stack:
+            return Stack(*(Block(d, heads, hidden, config.layer_norm_eps) for _ in range(n)))
+
+        self.embed_in = nn.Embedding(config.vocab_size, d)
+        self.prelude = stack(layout.prelude)
+        self.cores = nn.ModuleList(stack(n) for n in layout.cores)
+        self.coda = stack(layout.coda)
+        self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.embed_out = nn.Linear(d, config.vocab_size, bias=False)
+        self.state_passing: StatePassing | None = None
+        if not layout.is_vanilla:
+            self.state_passing = build_state_passing(config.scheme_spec, layout.loops, d, config.slots, config.init_std)
+        self.core_schedule = layout.core_schedule
+        self.embedding_scale = math.sqrt(d) if config.scale_embeddings else 1.0
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, zero biases, unit LayerNorms; output projections of every
+        block (attention dense, MLP down) get std / sqrt(2 * compute depth)."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        out_std = std / math.sqrt(2 * self.config.compute_depth)
+        for block in self.blocks():
+            for projection in block.output_projections():
+                nn.init.normal_(projection.weight, std=out_std)
+        if self.state_passing is not None and hasattr(self.state_passing, "reset_parameters"):
+            self.state_passing.reset_parameters()
+
+    def blocks(self) -> list[Block]:
+        """Every distinct block once."""
+        return [b for s in (self.prelude, *self.cores, self.coda) for b in s]  # type: ignore[misc]
+
+    def unrolled_stacks(self) -> list[Stack]:
+        """The stacks in the order the forward pass runs them (a shared core appears K times)."""
+        return [self.prelude, *(self.cores[i] for i in self.core_schedule), self.coda]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        labels: Tensor | None = None,
+        return_hidden_states: bool = False,
+    ) -> ModelOutput:
+        seq_len = input_ids.shape[1]
+        if seq_len > self.config.max_seq_len:
+            raise ValueError(f"input length {seq_len} exceeds max_seq_len={self.config.max_seq_len}")
+        rope = rotary_tables(seq_len, self.config.rotary_dims, self.config.rotary_base, input_ids.device)
+        stages: dict[str, Tensor] = {}
+
+        h_emb = self.embed_in(input_ids)
+        if self.embedding_scale != 1.0:
+            h_emb = h_emb * self.embedding_scale
+        h = self.prelude(h_emb, rope)
+        if return_hidden_states:
+            stages["embedding"], stages["prelude"] = h_emb, h
+
+        if self.state_passing is not None:
+            state = self.state_passing.begin(h_emb, h)
+            if return_hidden_states:
+                stages["h0"] = state.h
+            for t, core_index in enumerate(self.core_schedule):
+                state = self.state_passing.step(t, self.cores[core_index](state.h, rope), state)
+                if return_hidden_states:
+                    stages[f"h{t + 1}"] = state.h
+            h = self.state_passing.end(state)
+
+        h = self.coda(h, rope)
+        if return_hidden_states:
+            stages["coda"] = h
+        logits = self.embed_out(self.final_layer_norm(h))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+            )
+        return ModelOutput(logits=logits, loss=loss, hidden_states=stages if return_hidden_states else None)
+
+
+def build_model(config: ModelConfig) -> MeshTransformer:
+    """Build the model for ``config`` on the current default device (``torch.device('meta')`` works)."""
+    return MeshTransformer(config)
+
+
+__all__ = ["MeshTransformer", "ModelOutput", "build_model"]
