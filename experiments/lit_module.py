@@ -1,0 +1,118 @@
+"""The LightningModule: the paper's optimisation recipe around a MeshTransformer."""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from experiments.config import OptimConfig
+from experiments.schedule import lr_multiplier
+from mesh_model import ModelConfig, build_model
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: not on biases, LayerNorms or scheme coefficients."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_matrix = param.ndim >= 2 and not name.endswith("coefficients")
+        (decay if is_matrix else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class MeshLitModule(pl.LightningModule):
+    def __init__(
+        self,
+        model_config: dict,
+        optim: OptimConfig,
+        peak_lr: float,
+        max_steps: int,
+        val_names: list[str],
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["optim"])
+        self.optim = optim
+        self.config = ModelConfig(**model_config)
+        self.model = build_model(self.config)
+        self.forward_model = torch.compile(self.model) if compile else self.model
+        self.peak_lr = peak_lr
+        self.max_steps = max_steps
+        self.val_names = val_names
+        self._val_sums: dict[int, list[float]] = {}
+        self._last_time: float | None = None
+        self._tokens_since = 0
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.forward_model(input_ids).logits
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        loss = self.forward_model(batch, labels=batch).loss
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("lr", self.optimizers().param_groups[0]["lr"])
+        self._tokens_since += batch.numel()
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if self._last_time is None:
+            self._last_time, self._tokens_since = now, 0
+            return
+        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            tokens = self._tokens_since * self.trainer.world_size
+            self.log("train/tokens_per_s", tokens / max(now - self._last_time, 1e-9))
+            self._last_time, self._tokens_since = now, 0
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def validation_step(self, batch: Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
+        loss = self.forward_model(batch, labels=batch).loss
+        sums = self._val_sums.setdefault(dataloader_idx, [0.0, 0])
+        sums[0] += loss.item() * batch.shape[0]
+        sums[1] += batch.shape[0]
+
+    def on_validation_epoch_end(self) -> None:
+        """Token-mean loss and perplexity per validation set, logged at the optimizer step count
+        (after 10 optimizer steps: step 10), which Lightning's own step bookkeeping puts at 9."""
+        metrics = {}
+        for index, (total, count) in sorted(self._val_sums.items()):
+            totals = self.all_gather(torch.tensor([total, float(count)], device=self.device))
+            if totals.ndim > 1:
+                totals = totals.sum(0)
+            mean = (totals[0] / totals[1]).item()
+            name = self.val_names[index]
+            metrics[f"val/{name}/loss"] = mean
+            metrics[f"val/{name}/ppl"] = math.exp(min(mean, 50.0))
+        for key, value in metrics.items():
+            self.log(key, value, logger=False, rank_zero_only=True)
+        if self.logger is not None and not self.trainer.sanity_checking:
+            self.logger.log_metrics(metrics, step=self.trainer.global_step)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(
+            parameter_groups(self.model, self.optim.weight_decay),
+            lr=self.peak_lr,
+            betas=tuple(self.optim.betas),
+            fused=False,
+        )
+        schedule = partial(
+            lr_multiplier,
+            max_steps=self.max_steps,
+            warmup_fraction=self.optim.warmup_fraction,
+            min_lr_ratio=self.optim.min_lr_ratio,
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"},
+        }

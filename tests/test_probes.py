@@ -1,0 +1,277 @@
+import math
+import re
+
+import pytest
+import torch
+
+from mesh_model import ModelConfig, build_model
+from mesh_model.probe_plots import plot_comparison, plot_report
+from mesh_model.probes import (
+    _centred_gram,
+    _nonzero_median,
+    effective_ranks,
+    linear_cka,
+    pairwise_cka,
+    paper_stages,
+    probe_report,
+    rbf_cka,
+    relative_update,
+    spectra,
+    update_blocks,
+    update_magnitudes,
+)
+
+F64 = torch.float64
+CKA = {
+    "linear": linear_cka,
+    "rbf": rbf_cka,
+    "linear_debiased": lambda x, y: linear_cka(x, y, debiased=True),
+    "rbf_debiased": lambda x, y: rbf_cka(x, y, debiased=True),
+}
+
+
+def random_orthogonal(d: int) -> torch.Tensor:
+    q, r = torch.linalg.qr(torch.randn(d, d, dtype=F64))
+    return q * torch.sign(torch.diagonal(r))
+
+
+# ---------------------------------------------------------------- CKA
+
+
+@pytest.mark.parametrize("kind", CKA)
+def test_cka_of_a_matrix_with_itself_is_one(kind):
+    x = torch.randn(3, 64, 16, dtype=F64)
+    torch.testing.assert_close(CKA[kind](x, x), torch.ones(3, dtype=F64), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", CKA)
+def test_cka_is_invariant_to_orthogonal_transforms_and_isotropic_scaling(kind):
+    x = torch.randn(128, 32, dtype=F64)
+    z = torch.tanh(x @ torch.randn(32, 24, dtype=F64) / 4) + 0.3 * torch.randn(128, 24, dtype=F64)
+    moved = 3.7 * x @ random_orthogonal(32)
+    reference = CKA[kind](x, z)
+    assert 0.1 < reference < 0.99  # a dependent, non-trivial pair
+    # Linear: exact algebra. RBF: distances move with the transform, and so does the median bandwidth.
+    torch.testing.assert_close(CKA[kind](moved, z), reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(CKA[kind](z, moved), reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(CKA[kind](x, moved), torch.tensor(1.0, dtype=F64), rtol=0, atol=1e-6)
+
+
+def null_cka(x, y, kind):
+    """The plain estimator's expected value for independent x, y with exchangeable rows.
+
+    E[HKH] = (mean diagonal - mean off-diagonal of K) H =: a H, and a = L/(L-1) x the mean diagonal of
+    HKH, so E<HKxH, HKyH> = a_x a_y (L - 1) and CKA ~ a_x a_y (L - 1) / (|HKxH| |HKyH|).
+    """
+    length = x.shape[-2]
+    grams = [_centred_gram(t, kind, 0.5) for t in (x, y)]
+    a = [g.diagonal(dim1=-2, dim2=-1).mean(-1) * length / (length - 1) for g in grams]
+    return a[0] * a[1] * (length - 1) / (torch.linalg.matrix_norm(grams[0]) * torch.linalg.matrix_norm(grams[1]))
+
+
+def test_cka_of_independent_random_matrices_sits_at_the_estimators_null():
+    length, dim = 256, 64
+    x, y = torch.randn(2, 4, length, dim, dtype=F64)
+    linear, rbf = linear_cka(x, y), rbf_cka(x, y)
+    # Linear: E||X^T Y||^2 / (E||X^T X|| E||Y^T Y||) = D / (L + D + 1) for Gaussians, ~0.2 here,
+    # so "< 0.2" would fail about half the time; the value is pinned to the closed form instead.
+    assert (linear - dim / (length + dim + 1)).abs().max() < 0.02
+    assert linear.max() < 0.25
+    # RBF with the median rule: the Gram is mostly its diagonal (far points get kernel ~ e^-2), so the
+    # plain estimator's null is high (~0.70 here); it matches the prediction above per sample.
+    predicted = null_cka(x, y, "rbf")
+    assert (rbf - predicted).abs().max() < 0.02
+    assert rbf.max() < predicted.max() + 0.02 < 0.75
+    torch.testing.assert_close(linear, null_cka(x, y, "linear"), rtol=0, atol=0.02)
+    # The debiased estimator removes the floor: |CKA| within a few 1/L of 0.
+    assert linear_cka(x, y, debiased=True).abs().max() < 0.05
+    assert rbf_cka(x, y, debiased=True).abs().max() < 0.05
+    # ... and still sees a dependence.
+    dependent = torch.tanh(x @ torch.randn(dim, dim, dtype=F64) / 8)
+    assert rbf_cka(x, dependent, debiased=True).min() > 0.5
+
+
+def test_rbf_bandwidth_is_half_the_median_of_nonzero_distances():
+    x = torch.tensor([[0.0], [0.0], [1.0], [3.0]], dtype=F64)  # distances 0, 1, 3, 1, 3, 2: median 2
+    y = torch.tensor([[0.0], [1.0], [1.0], [4.0]], dtype=F64)  # distances 1, 1, 4, 0, 3, 3: median 3
+    assert _nonzero_median(torch.cdist(x, x)).item() == 2.0  # the zero of the repeated point is left out
+    assert _nonzero_median(torch.cdist(y, y)).item() == 3.0
+
+    def centred_rbf(points, sigma):
+        gram = torch.exp(-(torch.cdist(points, points) ** 2) / (2 * sigma**2))
+        return gram - gram.mean(0) - gram.mean(1, keepdim=True) + gram.mean()
+
+    kx, ky = centred_rbf(x, 0.5 * 2.0), centred_rbf(y, 0.5 * 3.0)
+    expected = (kx * ky).sum() / (kx.norm() * ky.norm())
+    torch.testing.assert_close(rbf_cka(x, y), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(pairwise_cka({"x": x, "y": y}, kind="rbf")[1][0, 1], expected, rtol=0, atol=1e-12)
+    kx = centred_rbf(x, 0.8 * 2.0)
+    wider = (kx * centred_rbf(y, 0.8 * 3.0)).sum() / (kx.norm() * centred_rbf(y, 0.8 * 3.0).norm())
+    torch.testing.assert_close(rbf_cka(x, y, sigma_fraction=0.8), wider, rtol=0, atol=1e-12)
+
+
+def test_pairwise_cka_averages_per_sample_values_and_has_unit_diagonal():
+    stages = {name: torch.randn(3, 40, 8, dtype=F64) for name in ("a", "b", "c")}
+    names, matrix = pairwise_cka(stages, kind="linear")
+    assert names == ["a", "b", "c"]
+    torch.testing.assert_close(matrix, matrix.T, rtol=0, atol=0)
+    assert torch.equal(matrix.diagonal(), torch.ones(3, dtype=F64))
+    torch.testing.assert_close(matrix[0, 2], linear_cka(stages["a"], stages["c"]).mean())
+
+
+# ---------------------------------------------------------------- update magnitude
+
+
+def test_relative_update_identity_negation_and_a_hand_value():
+    h = torch.randn(4, 8, 16)
+    assert torch.equal(relative_update(h, h), torch.zeros(4, dtype=F64))
+    torch.testing.assert_close(relative_update(h, -h), torch.full((4,), 2.0, dtype=F64))
+    # |f - h| = 2, |f| = sqrt(5), |h| = 1: 2 * 2 / (sqrt(5) + 1) = sqrt(5) - 1.
+    h_in = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])
+    h_out = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])
+    assert relative_update(h_in, h_out).item() == pytest.approx(math.sqrt(5) - 1, abs=1e-15)
+    assert relative_update(torch.zeros(1, 2, 2), torch.zeros(1, 2, 2)).item() == 0.0
+
+
+def test_update_magnitudes_mean_and_population_std_per_block():
+    h = torch.randn(2, 8, 4)
+    flip = torch.stack([h[0], -h[1]])  # sample 0 unchanged (0), sample 1 negated (2)
+    stages = {"embedding": h, "prelude": h, "h0": h, "h1": flip, "h2": flip, "coda": 2 * flip}
+    assert update_blocks(stages) == {
+        "prelude": ("embedding", "prelude"),
+        "core1": ("h0", "h1"),
+        "core2": ("h1", "h2"),
+        "coda": ("h2", "coda"),
+    }
+    updates = update_magnitudes(stages)
+    assert updates["prelude"] == (0.0, 0.0)
+    assert updates["core1"] == pytest.approx((1.0, 1.0))  # mean of (0, 2), population std 1
+    assert updates["core2"] == (0.0, 0.0)
+    assert updates["coda"] == pytest.approx((2 / 3, 0.0))  # 2 * 1 / (2 + 1)
+    vanilla = {"embedding": h, "prelude": flip, "coda": flip}
+    assert update_blocks(vanilla) == {"prelude": ("embedding", "prelude"), "coda": ("prelude", "coda")}
+    assert update_magnitudes({"embedding": h[:1], "prelude": 2 * h[:1], "coda": h[:1]})["prelude"][1] == 0.0
+
+
+# ---------------------------------------------------------------- spectra
+
+
+def matrix_with_singular_values(values, rows, cols):
+    u = random_orthogonal(rows)[:, : len(values)]
+    v = random_orthogonal(cols)[:, : len(values)]
+    return (u * torch.tensor(values, dtype=F64)) @ v.T
+
+
+def test_spectrum_and_effective_rank_of_constructed_low_rank_matrices():
+    x = matrix_with_singular_values([5.0, 4.0, 3.0, 2.0, 1.0], 40, 30)
+    spectrum = spectra({"x": x[None]}, top=50)["x"]
+    assert spectrum.shape == (50,)
+    torch.testing.assert_close(spectrum[:5], torch.tensor([1.0, 0.8, 0.6, 0.4, 0.2], dtype=F64))
+    assert spectrum[5:30].abs().max() < 1e-12  # exactly rank 5
+    assert spectrum[30:].isnan().all()  # min(L, D) = 30 < 50: padded
+    for rank in (1, 3, 7):
+        equal = matrix_with_singular_values([2.5] * rank, 32, 16)
+        assert effective_ranks({"x": equal[None]})["x"] == pytest.approx(rank, abs=1e-9)
+    p = torch.tensor([4.0, 2.0, 1.0], dtype=F64) / 7
+    expected = math.exp(-(p * p.log()).sum().item())
+    uneven = matrix_with_singular_values([4.0, 2.0, 1.0], 20, 10)
+    assert effective_ranks({"x": uneven[None]})["x"] == pytest.approx(expected, abs=1e-9)
+
+
+# ---------------------------------------------------------------- the report on real models
+
+METRIC_NAME = re.compile(r"^[A-Za-z0-9_\-. /]+$")
+
+
+@pytest.fixture(scope="module")
+def reports():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 2048, (2, 32))
+    out = {}
+    for scheme in ("base", "mesh"):
+        model = build_model(ModelConfig.from_preset("tiny", layout="1+2R3+1", scheme=scheme))
+        model.train()
+        out[scheme] = (model, ids, probe_report(model, [ids[:1], ids[1:]]))
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["base", "mesh"])
+def test_probe_report_on_tiny_looped_models(reports, scheme):
+    model, ids, report = reports[scheme]
+    assert model.training  # restored
+    loops = ["h0", "h1", "h2", "h3"]
+    expected = ["embedding", "prelude", *loops, "coda"] if scheme == "mesh" else ["embedding", *loops, "coda"]
+    assert report.stages == expected and report.loops == 3 and report.samples == 2
+    assert list(report.updates) == ["prelude", "core1", "core2", "core3", "coda"]
+    for matrix in (report.cka_rbf, report.cka_linear):
+        assert matrix.shape == (len(expected), len(expected))
+        torch.testing.assert_close(matrix, matrix.T, rtol=0, atol=1e-12)
+        assert torch.equal(matrix.diagonal(), torch.ones(len(expected), dtype=F64))
+        assert ((matrix > 0) & (matrix <= 1 + 1e-12)).all()
+
+    # The same numbers as the functions on the whole batch at once (batching does not matter).
+    model.eval()
+    with torch.no_grad():
+        hidden = model(ids, return_hidden_states=True).hidden_states
+    model.train()
+    assert list(paper_stages(hidden)) == expected
+    for block, (mean, std) in update_magnitudes(hidden).items():
+        assert report.updates[block] == pytest.approx((mean, std), rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(report.cka_rbf, pairwise_cka(paper_stages(hidden), "rbf")[1])
+    torch.testing.assert_close(report.cka_linear, pairwise_cka(paper_stages(hidden), "linear")[1])
+    for name, values in spectra(paper_stages(hidden)).items():
+        torch.testing.assert_close(report.spectra[name], values, equal_nan=True)
+    assert report.effective_ranks == pytest.approx(effective_ranks(paper_stages(hidden)))
+
+    metrics = report.as_metrics()
+    assert all(METRIC_NAME.match(k) for k in metrics)
+    assert all(math.isfinite(v) for v in metrics.values())
+    n = len(expected)
+    assert len(metrics) == 1 + 2 * 5 + 2 * (n * (n - 1) // 2 + 1) + 2 * n + 1
+    assert metrics["probe/update/core1/mean"] == report.updates["core1"][0]
+    assert metrics["probe/update/coda/std"] == report.updates["coda"][1]
+    assert metrics["probe/cka_rbf/h1/h2"] == report.cka("h1", "h2")
+    assert metrics["probe/cka_linear/embedding/coda"] == report.cka("embedding", "coda", "linear")
+    assert "probe/cka_rbf/h2/h1" not in metrics  # upper triangle only
+    assert metrics["probe/cka_rbf/loop_mean"] == pytest.approx(
+        sum(report.cka(f"h{t}", f"h{t + 1}") for t in range(3)) / 3
+    )
+    cores = [report.updates[f"core{t}"][0] for t in (1, 2, 3)]
+    assert metrics["probe/update/core_balance"] == pytest.approx(min(cores) / max(cores))
+    # L = 32 < 50 singular values: sv50 reports the 32nd, the last one there is.
+    assert metrics["probe/sv50/h1"] == report.spectra["h1"][31].item()
+    assert report.spectra["h1"][32:].isnan().all()
+    assert metrics["probe/erank/h3"] == report.effective_ranks["h3"]
+
+
+def test_probe_report_on_a_vanilla_layout():
+    model = build_model(ModelConfig.from_preset("tiny", layout="6"))
+    report = probe_report(model, [torch.randint(0, 2048, (2, 16))])
+    assert report.stages == ["embedding", "prelude", "coda"] and report.loops is None
+    assert list(report.updates) == ["prelude", "coda"]
+    assert report.updates["coda"] == (0.0, 0.0)  # a vanilla layout's coda is empty
+    metrics = report.as_metrics()
+    assert "probe/update/core_balance" not in metrics and "probe/cka_rbf/loop_mean" not in metrics
+    assert metrics["probe/cka_linear/prelude/coda"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def test_plots_write_png_and_svg_and_leave_no_figure_open(reports, tmp_path):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    single = plot_report(reports["mesh"][2], tmp_path / "mesh")
+    compare = plot_comparison({label: r for label, (_, _, r) in reports.items()}, tmp_path / "compare")
+    assert set(single) == set(compare) == {"updates", "cka_rbf", "cka_linear", "spectra"}
+    paths = [p for group in (single, compare) for ps in group.values() for p in ps]
+    assert len(paths) == 16 and len(set(paths)) == 16
+    for path in paths:
+        assert path.stat().st_size > 1024, path
+        head = path.read_bytes()[:64]
+        if path.suffix == ".png":
+            assert head.startswith(b"\x89PNG\r\n\x1a\n")
+        else:
+            assert path.suffix == ".svg" and b"<svg" in path.read_bytes()[:2048]
+    assert plt.get_fignums() == before

@@ -1,0 +1,274 @@
+"""mesh-train end to end on the tiny preset: MLflow (sqlite and a real server), resume, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+from hydra import compose, initialize_config_dir
+
+import experiments
+from experiments.lit_module import parameter_groups
+from experiments.schedule import lr_multiplier, warmup_steps
+from experiments.train import train
+from mesh_model import ModelConfig, build_model, count_parameters
+
+CONF = str(Path(experiments.__file__).parent / "conf")
+MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
+TINY = [
+    "model=tiny",
+    "max_steps=30",
+    "val_every=10",
+    "log_every=5",
+    "checkpoint_every=10",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "data.val_batches=2",
+]
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(CONF, version_base="1.3"):
+        return compose("train", overrides=[*TINY, *overrides])
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
+def run_cli(*args: str, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([MESH_TRAIN, *args], capture_output=True, text=True, timeout=timeout, env=clean_env())
+
+
+def sqlite_client(runs_dir: Path) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+
+
+def runs_of(client: mlflow.MlflowClient, experiment: str = "mesh"):
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+# --- schedule and optimizer -------------------------------------------------------------------
+
+
+def test_lr_schedule_warmup_midway_and_end():
+    max_steps = 1000
+    warmup = warmup_steps(max_steps, 0.01)
+    assert warmup == 10
+    assert lr_multiplier(0, max_steps) == pytest.approx(0.1)
+    assert lr_multiplier(warmup - 1, max_steps) == pytest.approx(1.0)  # end of warmup: peak
+    assert lr_multiplier(warmup, max_steps) == pytest.approx(1.0)
+    midway = warmup + (max_steps - warmup) // 2
+    assert lr_multiplier(midway, max_steps) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_multiplier(max_steps, max_steps) == pytest.approx(0.1)  # 10% of peak
+    assert lr_multiplier(max_steps + 50, max_steps) == pytest.approx(0.1)
+    values = [lr_multiplier(s, max_steps) for s in range(warmup, max_steps)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+
+
+def test_weight_decay_on_matrices_only():
+    model = build_model(ModelConfig.from_preset("tiny", scheme="static"))
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decay["params"])
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert "embed_in.weight" in decayed and "prelude.0.attention.query_key_value.weight" in decayed
+    undecayed = {names[id(p)] for p in no_decay["params"]}
+    assert "state_passing.coefficients" in undecayed and "final_layer_norm.weight" in undecayed
+    assert "prelude.0.attention.dense.bias" in undecayed
+
+
+# --- training into MLflow -------------------------------------------------------------------
+
+
+def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path):
+    result = run_cli(*TINY, "scheme=mesh", "layout=1+2R3+1", "seed=3", f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = sqlite_client(tmp_path)
+    (run,) = runs_of(client)
+    assert run.info.status == "FINISHED"
+    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    assert params["scheme"] == "mesh" and params["layout"] == "1+2R3+1" and params["seed"] == "3"
+    assert params["optim.betas"] == "[0.9, 0.95]" and params["data.corpus"] == "shakespeare"
+    assert params["model_config.buffer_slots"] == "None" and tags["buffer_slots"] == "6"
+    assert tags["scheme"] == "mesh" and tags["layout"] == "1+2R3+1" and tags["preset"] == "tiny"
+    assert tags["seed"] == "3" and len(tags["config_hash"]) == 12 and tags["git_commit"]
+    config = ModelConfig.from_preset("tiny", layout="1+2R3+1", scheme="mesh")
+    counts = count_parameters(build_model(config))
+    assert metrics["params_non_embedding"] == counts["non_embedding"]
+    assert metrics["params_router"] == counts["router"] == 2 * 4 * (64 * 6 + 6)
+    assert metrics["params_pct_of_vanilla"] == pytest.approx(counts["pct_of_vanilla"])
+    val = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
+    assert [m.step for m in val] == [10, 20, 30]
+    assert val[-1].value < val[0].value
+    ppl = client.get_metric_history(run.info.run_id, "val/shakespeare/ppl")
+    assert ppl[-1].value == pytest.approx(2.718281828 ** val[-1].value, rel=1e-5)
+    train_loss = client.get_metric_history(run.info.run_id, "train/loss")
+    assert len(train_loss) >= 5 and max(m.step for m in train_loss) >= 25
+    assert "lr" in metrics and "train/tokens_per_s" in metrics and metrics["train/tokens_per_s"] > 0
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "config.yaml" in artifacts
+    run_dir = Path(tags["run_dir"])
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    assert (run_dir / "mlflow_run_id").read_text() == run.info.run_id
+    # The same command again: the run is finished, nothing new starts.
+    again = run_cli(*TINY, "scheme=mesh", "layout=1+2R3+1", "seed=3", f"runs_dir={tmp_path}")
+    assert again.returncode == 0 and "already finished" in again.stderr
+    assert len(runs_of(client)) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "server-artifacts"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=1) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        os.killpg(server.pid, signal.SIGKILL)
+        pytest.fail("mlflow server did not answer within 90 s")
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server):
+    cfg = compose_train(f"runs_dir={tmp_path / 'runs'}", f"tracking.tracking_uri={mlflow_server}", "scheme=anchor")
+    result = train(cfg)
+    client = mlflow.MlflowClient(mlflow_server)
+    (run,) = runs_of(client)
+    assert run.info.run_id == result["run_id"] and run.info.status == "FINISHED"
+    assert run.data.params["scheme"] == "anchor"
+    assert run.data.metrics["val/shakespeare/loss"] == pytest.approx(result["val_loss"])
+    assert "config.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert not (tmp_path / "runs" / "mlflow.db").exists()
+    assert os.environ.get("MLFLOW_TRACKING_URI") != mlflow_server  # nothing leaks into later runs
+
+
+def test_resume_after_kill_continues_the_same_run(tmp_path):
+    args = [
+        *TINY,
+        "max_steps=400",
+        "checkpoint_every=20",
+        "val_every=100",
+        "log_every=10",
+        f"runs_dir={tmp_path}",
+    ]
+    log = tmp_path / "first.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [MESH_TRAIN, *args], stdout=sink, stderr=sink, start_new_session=True, env=clean_env()
+        )
+    deadline = time.time() + 240
+    checkpoints: list[Path] = []
+    while time.time() < deadline and process.poll() is None:
+        checkpoints = [p for p in tmp_path.glob("mesh/*/checkpoints/step*.ckpt") if int(p.stem[4:]) >= 40]
+        if checkpoints:
+            break
+        time.sleep(0.05)
+    assert checkpoints and process.poll() is None, "no checkpoint before the run ended: " + log.read_text()[-3000:]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = int(checkpoints[0].stem[4:])
+    client = sqlite_client(tmp_path)
+    (run,) = runs_of(client)
+    assert run.info.status == "RUNNING"  # kill -9 leaves no chance to close it
+    before = max(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
+    assert before < 400
+
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (resumed,) = runs_of(client)
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    steps = sorted(m.step for m in history)
+    assert steps[-1] >= 390
+    after_resume = [s for s in steps if s > before]
+    assert after_resume and min(after_resume) <= killed_at + 20  # continued near the checkpoint, not from 0
+    # Steps logged twice are only those between the checkpoint resumed from and the kill.
+    repeated = {s for s in steps if steps.count(s) > 1}
+    assert all(killed_at - 2 * 20 <= s <= before for s in repeated), (repeated, killed_at, before)
+    assert not list(tmp_path.glob("mesh/*/checkpoints/*.partial"))
+    val = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
+    assert sorted(m.step for m in val) == [100, 200, 300, 400]
+
+
+# --- bad input: one line, before any compute ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["nonexistent=1"], "error: 'nonexistent' is not a config key; known keys: buffer_slots"),
+        (["data.seq_lenn=64"], "error: 'data.seq_lenn' is not a config key under 'data'; known keys: batch_size"),
+        (
+            ["data=wikipedia"],
+            "error: data='wikipedia' is invalid: known options: cpython, hf, indexed, kjv, shakespeare, text",
+        ),
+        (["model=pythia-3b"], "error: model='pythia-3b' is invalid: known presets: pythia-70m"),
+        (["layout=4+8R0+4"], "error: layout='4+8R0+4' is invalid: the loop count must be at least 1"),
+        (["scheme=mesh", "buffer_slots=0"], "error: buffer_slots=0 is invalid: MeSH needs at least 1 slot"),
+        (["data.seq_len=100000"], "error: data.seq_len=100000 is invalid: the model's max_seq_len is 256"),
+        (["tracking.tracking_uri=http://127.0.0.1:9"], "error: tracking_uri='http://127.0.0.1:9' does not answer"),
+        (["tracking.tracking_uri=file:./mlruns"], "error: tracking_uri='file:./mlruns' is a file store"),
+    ],
+)
+def test_bad_input_stops_with_one_line(tmp_path, args, expected):
+    start = time.time()
+    result = run_cli(*TINY, f"runs_dir={tmp_path}", *args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(expected), result.stderr
+    assert not list(tmp_path.glob("mesh/*/checkpoints"))
+    assert time.time() - start < 60
+
+
+def test_unreadable_and_empty_corpus_stop_before_training(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for path in (empty, tmp_path / "missing"):
+        result = run_cli(*TINY, f"runs_dir={tmp_path}", "data=text", f"data.path={path}")
+        assert result.returncode == 2, result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"error: data.path='{path}' is invalid"), result.stderr
+    assert not list(tmp_path.glob("mesh/*/mlflow_run_id"))
