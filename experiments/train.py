@@ -79,6 +79,14 @@ def run_key(model_config: ModelConfig, seed: int, digest: str) -> str:
     return f"{model_config.preset}-{model_config.layout}-{scheme}{slots}-s{seed}-{digest[:8]}"
 
 
+def process_rank() -> int:
+    """Global rank from the launcher's environment (Lightning's order), known before DDP starts."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
     return -(-vocab_size // multiple) * multiple
 
@@ -200,8 +208,11 @@ def _train(plan: RunPlan) -> dict[str, Any]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
 
+    # Only the global rank 0 process owns the MLflow run; under DDP/SLURM every process runs this
+    # function, and Lightning's MLFlowLogger is a no-op on the other ranks.
+    lead = process_rank() == 0
     client = mlflow.MlflowClient(plan.tracking_uri)
-    run_id, is_new = _mlflow_run(plan, model_config, client)
+    run_id, is_new = _mlflow_run(plan, model_config, client) if lead else (None, False)
     checkpoint_dir = plan.run_dir / "checkpoints"
     last_ckpt = checkpoint_dir / "last.ckpt"
     resume_from = str(last_ckpt) if plan.config["resume"] and last_ckpt.exists() else None
@@ -256,7 +267,8 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             trainer.validate(module, datamodule=datamodule, verbose=False)
         atomic_save(trainer, last_ckpt)
     except BaseException as error:
-        _mark_failed(client, run_id, error)
+        if lead:
+            _mark_failed(client, run_id, error)
         raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/"))}
     main_val = val_names[0]
@@ -269,9 +281,10 @@ def _train(plan: RunPlan) -> dict[str, Any]:
         "run_id": run_id,
         "run_dir": str(plan.run_dir),
     }
-    client.log_metric(run_id, "val_loss", result["val_loss"], step=trainer.global_step)
-    client.set_terminated(run_id, "FINISHED")
-    result_file.write_text(json.dumps(result, indent=2))
+    if lead:
+        client.log_metric(run_id, "val_loss", result["val_loss"], step=trainer.global_step)
+        client.set_terminated(run_id, "FINISHED")
+        result_file.write_text(json.dumps(result, indent=2))
     return result
 
 
@@ -315,6 +328,8 @@ def main(cfg: DictConfig) -> float:
     except (ConfigError, InputError, TrackingError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    if result["run_id"] is None:  # a non-zero DDP rank: rank 0 reports
+        return result["objective"]
     print(
         f"[mesh-train] val loss {result['val_loss']:.4f} ppl {result['val_ppl']:.2f} after {result['steps']} steps; "
         f"MLflow run {result['run_id']}; run dir {result['run_dir']}"

@@ -97,6 +97,14 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path):
     client = sqlite_client(tmp_path)
     (run,) = runs_of(client)
     assert run.info.status == "FINISHED"
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        frame = mlflow.search_runs(experiment_names=["mesh"])
+    finally:
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    assert len(frame) == 1 and frame.loc[0, "params.scheme"] == "mesh"
+    assert frame.loc[0, "metrics.val/shakespeare/loss"] == run.data.metrics["val/shakespeare/loss"]
     params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
     assert params["scheme"] == "mesh" and params["layout"] == "1+2R3+1" and params["seed"] == "3"
     assert params["optim.betas"] == "[0.9, 0.95]" and params["data.corpus"] == "shakespeare"
@@ -231,6 +239,18 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     assert not list(tmp_path.glob("mesh/*/checkpoints/*.partial"))
     val = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
     assert sorted(m.step for m in val) == [100, 200, 300, 400]
+
+
+def test_ddp_on_two_cpu_processes_logs_one_run(tmp_path):
+    result = run_cli(*TINY, "max_steps=20", "trainer=ddp_cpu", f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("[mesh-train] val loss") == 1  # rank 0 reports, rank 1 stays quiet
+    (run,) = runs_of(sqlite_client(tmp_path))
+    assert run.info.status == "FINISHED" and run.data.params["trainer.strategy"] == "ddp"
+    assert [m.step for m in sqlite_client(tmp_path).get_metric_history(run.info.run_id, "val/shakespeare/loss")] == [
+        10,
+        20,
+    ]
 
 
 # --- bad input: one line, before any compute ------------------------------------------------
