@@ -50,6 +50,18 @@ class TrackingConfig:
     experiment: str = "mesh"
     run_name: str | None = None
     parent_run_id: str | None = None
+    sweep: str | None = None  # set by mesh-sweep; tagged on the run
+
+
+@dataclass
+class ProbeConfig:
+    """Hidden-state probes (experiments/probing.py) on the first ``num_batches`` validation batches:
+    at the end of training, and after every ``every_n_validations``-th validation (0 = only at the end)."""
+
+    enabled: bool = True
+    every_n_validations: int = 0
+    num_batches: int = 2
+    debiased: bool = False
 
 
 @dataclass
@@ -69,6 +81,7 @@ class TrainConfig:
     trainer: TrainerConfig = MISSING
     optim: OptimConfig = MISSING
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
 
     max_steps: int = 200
     val_every: int = 50

@@ -24,7 +24,9 @@ class OverrideError(ValueError):
 
 
 def group_options(group: str) -> list[str]:
-    register_configs()
+    from experiments.compose import register_all
+
+    register_all()
     listing = ConfigStore.instance().list(group)
     return sorted(name.removesuffix(".yaml") for name in listing)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import urllib.error
 import urllib.request
@@ -24,6 +25,18 @@ def resolve_tracking_uri(configured: str | None, runs_dir: Path, environ: Mappin
     if uri:
         return uri
     return f"sqlite:///{(runs_dir / DEFAULT_DB).resolve()}"
+
+
+def prepare_sqlite_store(uri: str) -> None:
+    """Put a local sqlite store in WAL mode, so the processes of a parallel sweep write to it
+    side by side (readers never block, writers queue). WAL is a property of the file and persists;
+    it needs a local disk (not NFS): on a cluster, use an MLflow server with a database."""
+    if not is_local_store(uri):
+        return
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    with sqlite3.connect(path, timeout=60) as connection:
+        if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            connection.execute("PRAGMA journal_mode=WAL")
 
 
 def is_local_store(uri: str) -> bool:
@@ -51,6 +64,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise TrackingError(f"tracking_uri={uri!r} cannot be created: {error.strerror}") from None
+        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise TrackingError(f"tracking_uri={uri!r} is not writable")
     elif uri.startswith("file:") or "://" not in uri:
         raise TrackingError(
             f"tracking_uri={uri!r} is a file store, which MLflow 3.13+ refuses; use sqlite:///path/to/mlflow.db"

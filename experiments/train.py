@@ -23,7 +23,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.config import OptimConfig, TrainerConfig, register_configs
+from experiments.compose import register_all
+from experiments.config import OptimConfig, TrainerConfig
 from experiments.data.config import DataConfig
 from experiments.overrides import OverrideError, check_overrides
 from experiments.tracking import (
@@ -34,13 +35,14 @@ from experiments.tracking import (
     is_local_store,
     isolated_tracking_uri,
     open_run,
+    prepare_sqlite_store,
     resolve_tracking_uri,
 )
 from mesh_model import PRESETS, ConfigError, ModelConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Keys that change where a run is logged or how fast it loads data, not what it computes.
-HASH_EXCLUDED = ("tracking", "runs_dir", "resume", "data.num_workers", "data.cache_dir")
+HASH_EXCLUDED = ("tracking", "runs_dir", "resume", "data.num_workers", "data.cache_dir", "probes")
 
 
 class InputError(ValueError):
@@ -92,16 +94,20 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def model_config_for(cfg: DictConfig | dict, vocab_size: int | None = None) -> ModelConfig:
+    """The run's ModelConfig. ``scheme=vanilla`` means the plain model at the compute depth of
+    the layout (so a grid over schemes includes its compute-matched baseline)."""
     if cfg["model"] not in PRESETS:
         raise ConfigError("model", cfg["model"], f"known presets: {', '.join(PRESETS)}")
     overrides: dict[str, Any] = dict(cfg.get("model_overrides") or {})
-    overrides["scheme"] = cfg["scheme"]
-    overrides["buffer_slots"] = cfg["buffer_slots"]
+    vanilla = cfg["scheme"] == "vanilla"
+    overrides["scheme"] = "base" if vanilla else cfg["scheme"]
+    overrides["buffer_slots"] = None if vanilla else cfg["buffer_slots"]
     if cfg["layout"] is not None:
         overrides["layout"] = str(cfg["layout"])
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
-    return ModelConfig.from_preset(cfg["model"], **overrides)
+    config = ModelConfig.from_preset(cfg["model"], **overrides)
+    return config.vanilla() if vanilla else config
 
 
 def plan_run(cfg: DictConfig) -> RunPlan:
@@ -124,6 +130,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     for name in ("max_steps", "val_every", "log_every", "checkpoint_every"):
         if config[name] < 1:
             raise InputError(f"{name}={config[name]} is invalid: must be >= 1")
+    # probes (experiments/probing.py)
+    for name, low in (("num_batches", 1), ("every_n_validations", 0)):
+        if config["probes"][name] < low:
+            raise InputError(f"probes.{name}={config['probes'][name]} is invalid: must be >= {low}")
     runs_dir = Path(config["runs_dir"]).expanduser().resolve()
     tracking_uri = resolve_tracking_uri(config["tracking"]["tracking_uri"], runs_dir, os.environ)
     check_tracking_uri(tracking_uri)
@@ -148,7 +158,7 @@ def _mlflow_run(plan: RunPlan, model_config: ModelConfig, client: Any) -> tuple[
     if plan.config["resume"] and id_file.exists():
         return id_file.read_text().strip(), False
     tags = {
-        "scheme": model_config.scheme,
+        "scheme": "vanilla" if model_config.parsed_layout.is_vanilla else model_config.scheme,
         "layout": model_config.layout,
         "preset": str(model_config.preset),
         "seed": str(plan.config["seed"]),
@@ -157,6 +167,8 @@ def _mlflow_run(plan: RunPlan, model_config: ModelConfig, client: Any) -> tuple[
         "git_commit": git_commit(PROJECT_ROOT),
         "run_dir": str(plan.run_dir),
     }
+    if plan.config["tracking"]["sweep"]:
+        tags["sweep"] = plan.config["tracking"]["sweep"]
     artifacts = (plan.run_dir.parent / "mlartifacts").as_uri() if is_local_store(plan.tracking_uri) else None
     tracking = plan.config["tracking"]
     run_id = open_run(
@@ -202,6 +214,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
     from experiments.checkpointing import AtomicModelCheckpoint, atomic_save
     from experiments.data.datamodule import TokenDataModule
     from experiments.lit_module import MeshLitModule
+    from experiments.probing import probe_callbacks
     from mesh_model import count_parameters
 
     model_config = model_config_for(plan.config, padded_vocab(prepared.vocab_size))
@@ -211,6 +224,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
     # Only the global rank 0 process owns the MLflow run; under DDP/SLURM every process runs this
     # function, and Lightning's MLFlowLogger is a no-op on the other ranks.
     lead = process_rank() == 0
+    prepare_sqlite_store(plan.tracking_uri)
     client = mlflow.MlflowClient(plan.tracking_uri)
     run_id, is_new = _mlflow_run(plan, model_config, client) if lead else (None, False)
     checkpoint_dir = plan.run_dir / "checkpoints"
@@ -244,6 +258,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             auto_insert_metric_name=False,
         )
         trainer = pl.Trainer(
+            plugins=_cluster_plugins(),
             accelerator=plan.trainer.accelerator,
             devices=plan.trainer.devices,
             num_nodes=plan.trainer.num_nodes,
@@ -256,7 +271,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             log_every_n_steps=plan.config["log_every"],
             gradient_clip_val=plan.optim.grad_clip,
             logger=logger,
-            callbacks=[checkpoint],
+            callbacks=[checkpoint, *probe_callbacks(plan.config["probes"], plan.run_dir)],
             enable_progress_bar=sys.stderr.isatty(),
             enable_model_summary=False,
             num_sanity_val_steps=0,
@@ -286,6 +301,14 @@ def _train(plan: RunPlan) -> dict[str, Any]:
         client.set_terminated(run_id, "FINISHED")
         result_file.write_text(json.dumps(result, indent=2))
     return result
+
+
+def _cluster_plugins() -> list:
+    """Under SLURM, submitit owns requeue (see experiments/launchers.py): Lightning's own
+    SIGUSR1 auto-requeue is switched off so a preempted job is requeued exactly once."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
 
 
 def _log_run_facts(client: Any, run_id: str, plan: RunPlan, model_config: ModelConfig, counts: dict, prepared) -> None:
@@ -318,7 +341,7 @@ def _mark_failed(client: Any, run_id: str, error: BaseException) -> None:
         pass
 
 
-register_configs()
+register_all()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

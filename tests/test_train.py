@@ -196,9 +196,9 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server):
 def test_resume_after_kill_continues_the_same_run(tmp_path):
     args = [
         *TINY,
-        "max_steps=400",
+        "max_steps=200",
         "checkpoint_every=20",
-        "val_every=100",
+        "val_every=50",
         "log_every=10",
         f"runs_dir={tmp_path}",
     ]
@@ -222,15 +222,15 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     (run,) = runs_of(client)
     assert run.info.status == "RUNNING"  # kill -9 leaves no chance to close it
     before = max(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
-    assert before < 400
+    assert before < 200
 
-    result = run_cli(*args)
+    result = run_cli(*args, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     (resumed,) = runs_of(client)
     assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "train/loss")
     steps = sorted(m.step for m in history)
-    assert steps[-1] >= 390
+    assert steps[-1] >= 190
     after_resume = [s for s in steps if s > before]
     assert after_resume and min(after_resume) <= killed_at + 20  # continued near the checkpoint, not from 0
     # Steps logged twice are only those between the checkpoint resumed from and the kill.
@@ -238,7 +238,7 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     assert all(killed_at - 2 * 20 <= s <= before for s in repeated), (repeated, killed_at, before)
     assert not list(tmp_path.glob("mesh/*/checkpoints/*.partial"))
     val = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
-    assert sorted(m.step for m in val) == [100, 200, 300, 400]
+    assert sorted(m.step for m in val) == [50, 100, 150, 200]
 
 
 def test_ddp_on_two_cpu_processes_logs_one_run(tmp_path):

@@ -1,0 +1,241 @@
+"""The paper's hidden-state probes for every run: :class:`ProbeCallback` and the files it writes.
+
+The probes (:mod:`mesh_model.probes`) run on a fixed held-out set: the first ``num_batches``
+batches of the main validation split, cut exactly as the validation loader cuts them (windows
+0, 1, ... of ``seq_len`` tokens, ``batch_size`` per batch). They depend only on the data config,
+so every run on the same data is probed on the same tokens and the numbers compare across runs.
+
+What a probe writes, in ``<run_dir>/probes/step<N>/`` and as MLflow artifacts under the same path:
+the four figures of :func:`mesh_model.probe_plots.plot_report` (update bars, RBF and linear CKA
+heatmaps, spectra) as PNG and SVG, and ``probes.json`` (:func:`report_to_dict`;
+:func:`load_report` reads it back). ``report.as_metrics()`` goes to the logger at the global
+step. The probe at the end of training is also copied to ``probes/final/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from experiments.data.config import DataConfig
+from experiments.data.datamodule import TokenWindows
+from experiments.data.prepare import PreparedData
+from mesh_model.probe_plots import plot_report
+from mesh_model.probes import ProbeReport, probe_report
+
+PROBE_DIR = "probes"
+REPORT_FILE = "probes.json"
+
+
+def held_out_batches(data: DataConfig, prepared: PreparedData, num_batches: int) -> list[Tensor]:
+    """The first ``num_batches`` batches of the main validation split (fewer if the split is short)."""
+    windows = TokenWindows(prepared.val["val"], data.seq_len, limit=num_batches * data.batch_size)
+    return list(DataLoader(windows, batch_size=data.batch_size))
+
+
+def describe_batches(data: DataConfig, batches: list[Tensor]) -> dict[str, Any]:
+    """What ``probes.json`` records about the held-out set."""
+    split = {"split": f"{data.corpus}/val", "num_batches": len(batches)}
+    return {**split, "batch_size": data.batch_size, "seq_len": data.seq_len}
+
+
+# ---------------------------------------------------------------- probes.json
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # strict JSON has no NaN
+
+
+def _matrix(matrix: Tensor) -> list[list[float | None]]:
+    return [[_finite_or_none(v) for v in row] for row in matrix.tolist()]
+
+
+def report_to_dict(report: ProbeReport, **extra: Any) -> dict[str, Any]:
+    """A JSON-ready dict of the report (NaN as null); ``extra`` keys (step, batches...) are added."""
+    return {
+        **extra,
+        "samples": report.samples,
+        "loops": report.loops,
+        "top": report.top,
+        "sigma_fraction": report.sigma_fraction,
+        "debiased": report.debiased,
+        "stages": report.stages,
+        "updates": {block: {"mean": mean, "std": std} for block, (mean, std) in report.updates.items()},
+        "cka_rbf": _matrix(report.cka_rbf),
+        "cka_linear": _matrix(report.cka_linear),
+        "spectra": {stage: [_finite_or_none(v) for v in values.tolist()] for stage, values in report.spectra.items()},
+        "effective_ranks": report.effective_ranks,
+        "metrics": {key: _finite_or_none(value) for key, value in report.as_metrics().items()},
+    }
+
+
+def _tensor(values: list) -> Tensor:
+    def nan(v: Any) -> Any:  # null -> NaN, in nested lists
+        return [nan(x) for x in v] if isinstance(v, list) else (math.nan if v is None else v)
+
+    return torch.tensor(nan(values), dtype=torch.float64)
+
+
+def report_from_dict(data: dict[str, Any]) -> ProbeReport:
+    """The :class:`ProbeReport` that :func:`report_to_dict` wrote."""
+    return ProbeReport(
+        stages=list(data["stages"]),
+        updates={block: (v["mean"], v["std"]) for block, v in data["updates"].items()},
+        cka_rbf=_tensor(data["cka_rbf"]),
+        cka_linear=_tensor(data["cka_linear"]),
+        spectra={stage: _tensor(values) for stage, values in data["spectra"].items()},
+        effective_ranks=dict(data["effective_ranks"]),
+        samples=data["samples"],
+        top=data["top"],
+        sigma_fraction=data["sigma_fraction"],
+        debiased=data["debiased"],
+        loops=data["loops"],
+    )
+
+
+def load_report(path: str | Path) -> ProbeReport:
+    """Read ``probes.json`` (or the folder holding it) back into a :class:`ProbeReport`."""
+    path = Path(path)
+    return report_from_dict(json.loads((path / REPORT_FILE if path.is_dir() else path).read_text()))
+
+
+def write_probe_files(report: ProbeReport, out_dir: str | Path, **extra: Any) -> list[Path]:
+    """The figures (PNG + SVG) and ``probes.json`` of ``report`` in ``out_dir``; returns the paths."""
+    out = Path(out_dir)
+    paths = [path for group in plot_report(report, out).values() for path in group]
+    (out / REPORT_FILE).write_text(json.dumps(report_to_dict(report, **extra), indent=1, allow_nan=False))
+    return [*paths, out / REPORT_FILE]
+
+
+# ---------------------------------------------------------------- the callback
+
+
+class ProbeCallback(pl.Callback):
+    """Probe the model on the held-out batches at the end of training (final weights) and, when
+    ``every_n_validations`` > 0, after every n-th validation of the fit.
+
+    Runs on global rank 0 only, in eval mode without grad (:func:`probe_report` restores the
+    training mode). Needs a datamodule with ``cfg`` (DataConfig) and ``data`` (PreparedData), as
+    :class:`~experiments.data.datamodule.TokenDataModule` has. A probe that fails warns and sets
+    the MLflow tag ``probe_error``; it does not fail the run. Skipped under FSDP (sharded weights;
+    run ``mesh-probe`` on the checkpoint instead).
+    """
+
+    def __init__(
+        self, run_dir: str | Path, every_n_validations: int = 0, num_batches: int = 2, debiased: bool = False
+    ) -> None:
+        if every_n_validations < 0 or num_batches < 1:
+            raise ValueError(
+                f"probes: every_n_validations={every_n_validations} must be >= 0 and num_batches={num_batches} >= 1"
+            )
+        self.run_dir = Path(run_dir)
+        self.every_n_validations = every_n_validations
+        self.num_batches = num_batches
+        self.debiased = debiased
+        self.validations = 0  # validations seen during fit; kept in checkpoints so a resume keeps counting
+        self.last_seconds: float | None = None  # wall time of the last probe (figures and logging included)
+        self._batches: list[Tensor] | None = None
+        self._probed_step: int | None = None
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.validations += 1
+        if self.every_n_validations and self.validations % self.every_n_validations == 0:
+            self._probe(trainer, pl_module, final=False)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._probe(trainer, pl_module, final=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"validations": self.validations}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.validations = state_dict.get("validations", 0)
+
+    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, final: bool) -> None:
+        if not trainer.is_global_zero:
+            return
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(trainer.strategy, FSDPStrategy):
+            if final:
+                rank_zero_warn("probes are skipped under FSDP; run mesh-probe on the checkpoint")
+            return
+        start = time.perf_counter()
+        step = trainer.global_step
+        folder = self.run_dir / PROBE_DIR / f"step{step}"
+        try:
+            if self._probed_step != step:  # the final probe after a probed last validation reuses it
+                self._write_and_log(trainer, pl_module, folder, step)
+                self._probed_step = step
+            if final:
+                shutil.copytree(folder, self.run_dir / PROBE_DIR / "final", dirs_exist_ok=True)
+                self._log_artifacts(trainer, folder, f"{PROBE_DIR}/final")
+        except Exception as error:  # a diagnostic must not lose a finished training run
+            rank_zero_warn(f"probes failed at step {step}: {type(error).__name__}: {error}")
+            _set_tag(trainer, "probe_error", f"step {step}: {type(error).__name__}: {error}"[:5000])
+        self.last_seconds = time.perf_counter() - start
+
+    def _write_and_log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, folder: Path, step: int) -> None:
+        datamodule = trainer.datamodule
+        if self._batches is None:
+            self._batches = held_out_batches(datamodule.cfg, datamodule.data, self.num_batches)
+        model = getattr(pl_module, "model", pl_module)  # MeshLitModule keeps the MeshTransformer here
+        report = probe_report(model, self._batches, debiased=self.debiased)
+        write_probe_files(report, folder, step=step, batches=describe_batches(datamodule.cfg, self._batches))
+        if trainer.logger is not None:
+            trainer.logger.log_metrics(report.as_metrics(), step=step)
+        self._log_artifacts(trainer, folder, f"{PROBE_DIR}/step{step}")
+
+    @staticmethod
+    def _log_artifacts(trainer: pl.Trainer, folder: Path, artifact_path: str) -> None:
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if run_id is not None and hasattr(logger.experiment, "log_artifacts"):  # an MLFlowLogger
+            logger.experiment.log_artifacts(run_id, str(folder), artifact_path)
+
+
+def _set_tag(trainer: pl.Trainer, key: str, value: str) -> None:
+    logger = trainer.logger
+    run_id = getattr(logger, "run_id", None)
+    if run_id is not None and hasattr(logger.experiment, "set_tag"):
+        with contextlib.suppress(Exception):  # the store may be what failed
+            logger.experiment.set_tag(run_id, key, value)
+
+
+def probe_callbacks(probes: dict[str, Any], run_dir: str | Path) -> list[ProbeCallback]:
+    """The callbacks for a run's ``probes`` config: one ProbeCallback, or none when disabled."""
+    if not probes.get("enabled", True):
+        return []
+    return [
+        ProbeCallback(
+            run_dir,
+            every_n_validations=probes.get("every_n_validations", 0),
+            num_batches=probes.get("num_batches", 2),
+            debiased=probes.get("debiased", False),
+        )
+    ]
+
+
+__all__ = [
+    "ProbeCallback",
+    "describe_batches",
+    "held_out_batches",
+    "load_report",
+    "probe_callbacks",
+    "report_from_dict",
+    "report_to_dict",
+    "write_probe_files",
+]

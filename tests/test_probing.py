@@ -1,0 +1,157 @@
+"""Probes for every run: the callback's metrics, figures and probes.json in MLflow, and mesh-probe."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+import torch
+from test_train import compose_train
+
+from experiments.data.config import DataConfig
+from experiments.data.datamodule import TokenDataModule
+from experiments.data.prepare import prepare
+from experiments.probe_cli import main as probe_main
+from experiments.probing import ProbeCallback, held_out_batches, load_report, probe_callbacks
+from experiments.train import InputError, padded_vocab, train
+from mesh_model import ModelConfig, build_model
+
+MESH_PROBE = str(Path(sys.executable).parent / "mesh-probe")
+FIGURES = [f"probe_{name}.{fmt}" for name in ("updates", "cka_rbf", "cka_linear", "spectra") for fmt in ("png", "svg")]
+DATA = {"seq_len": 64, "batch_size": 8, "val_batches": 2}  # as test_train's TINY
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A tiny base run probed at every validation and a tiny MeSH run probed at the end only."""
+    out = {}
+    for scheme, extra in (("base", ["probes.every_n_validations=1"]), ("mesh", [])):
+        runs_dir = tmp_path_factory.mktemp(scheme)
+        cfg = compose_train("max_steps=10", "val_every=5", f"scheme={scheme}", f"runs_dir={runs_dir}", *extra)
+        result = train(cfg)
+        client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+        out[scheme] = SimpleNamespace(client=client, run_id=result["run_id"], run_dir=Path(result["run_dir"]))
+    return out
+
+
+def artifact_sizes(client: mlflow.MlflowClient, run_id: str, path: str) -> dict[str, int]:
+    return {Path(a.path).name: a.file_size for a in client.list_artifacts(run_id, path)}
+
+
+@pytest.mark.parametrize("scheme", ["base", "mesh"])
+def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
+    run = runs[scheme]
+    metrics = run.client.get_run(run.run_id).data.metrics
+    assert metrics["probe/samples"] == 16  # 2 batches of 8 windows
+    for block in ("prelude", "core1", "core2", "coda"):
+        assert 0 < metrics[f"probe/update/{block}/mean"] <= 2 and metrics[f"probe/update/{block}/std"] >= 0
+    for name in ("probe/cka_rbf/loop_mean", "probe/cka_linear/loop_mean", "probe/cka_rbf/h0/h1"):
+        assert 0 < metrics[name] <= 1 + 1e-9
+    assert 1 <= metrics["probe/erank/h1"] <= 64 and 0 < metrics["probe/update/core_balance"] <= 1
+    assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("probe/"))
+    # MeSH reads h(0) from its buffer, so its prelude output is a stage of its own; base has h(0) = prelude.
+    assert ("probe/erank/prelude" in metrics) == (scheme == "mesh")
+
+    for folder in ("probes/step10", "probes/final"):
+        sizes = artifact_sizes(run.client, run.run_id, folder)
+        assert set(FIGURES) | {"probes.json"} <= set(sizes)
+        assert all(sizes[name] > 1024 for name in FIGURES)
+    local = run.client.download_artifacts(run.run_id, "probes/final/probes.json", str(tmp_path))
+    saved = json.loads(Path(local).read_text())
+    assert saved["step"] == 10 and saved["batches"] == {
+        "split": "shakespeare/val",
+        "num_batches": 2,
+        "batch_size": 8,
+        "seq_len": 64,
+    }
+    assert saved["metrics"] == pytest.approx({k: v for k, v in metrics.items() if k.startswith("probe/")})
+    assert len(saved["cka_rbf"]) == len(saved["stages"]) == len(saved["spectra"])
+    assert (run.run_dir / "probes" / "final" / "probes.json").read_text() == Path(local).read_text()
+
+
+def test_every_n_validations_probes_during_training(runs):
+    base, mesh = runs["base"], runs["mesh"]
+    history = base.client.get_metric_history(base.run_id, "probe/update/core1/mean")
+    assert sorted(m.step for m in history) == [5, 10]
+    assert history[0].value != history[1].value  # the weights moved between the probes
+    assert set(FIGURES) <= set(artifact_sizes(base.client, base.run_id, "probes/step5"))
+    assert [m.step for m in mesh.client.get_metric_history(mesh.run_id, "probe/update/core1/mean")] == [10]
+    assert {a.path for a in mesh.client.list_artifacts(mesh.run_id, "probes")} == {"probes/final", "probes/step10"}
+
+
+def test_cli_reproduces_the_final_probe_and_logs_into_the_run(runs, tmp_path, capsys):
+    run = runs["mesh"]
+    out = tmp_path / "cli"
+    assert probe_main([str(run.run_dir), "--out", str(out), "--mlflow-run", "auto"]) == 0
+    printed = capsys.readouterr().out
+    assert "core1" in printed and "h0-h1" in printed and "eff. rank" in printed
+    assert all((out / name).stat().st_size > 1024 for name in FIGURES)
+    cli, final = load_report(out), load_report(run.run_dir / "probes" / "final")
+    assert cli.stages == final.stages
+    assert cli.as_metrics() == pytest.approx(final.as_metrics(), rel=1e-9, abs=1e-12)  # same weights, same tokens
+    history = run.client.get_metric_history(run.run_id, "probe/cka_rbf/loop_mean")
+    assert [m.step for m in history] == [10, 10] and history[0].value == pytest.approx(history[1].value, rel=1e-9)
+    assert set(FIGURES) <= set(artifact_sizes(run.client, run.run_id, "probes/cli"))
+
+
+def test_cli_bad_paths_answer_with_one_line(tmp_path, capsys):
+    result = subprocess.run([MESH_PROBE, str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: '{tmp_path / 'missing'}' does not exist (give a run dir or a .ckpt file)"
+    ]
+    assert probe_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: '{tmp_path}' has no checkpoints/last.ckpt\n"
+
+
+def test_held_out_batches_are_the_first_validation_batches():
+    data = DataConfig(**DATA)
+    batches = held_out_batches(data, prepare(data), 2)
+    loader = TokenDataModule(data).val_dataloader()[0]
+    assert len(batches) == 2 and all(b.shape == (8, 64) and b.dtype == torch.int64 for b in batches)
+    for ours, theirs in zip(batches, loader, strict=False):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(torch.cat(held_out_batches(data, prepare(data), 1)), batches[0])
+
+
+def test_callback_probes_on_rank_zero_only_restores_train_mode_and_survives_errors(tmp_path):
+    data = DataConfig(**DATA)
+    prepared = prepare(data)
+    model = build_model(ModelConfig.from_preset("tiny", vocab_size=padded_vocab(prepared.vocab_size)))
+    model.train()
+    trainer = SimpleNamespace(
+        is_global_zero=False,
+        global_step=7,
+        strategy=None,
+        logger=None,
+        datamodule=SimpleNamespace(cfg=data, data=prepared),
+    )
+    callback = ProbeCallback(tmp_path, num_batches=1)
+    callback.on_train_end(trainer, SimpleNamespace(model=model))
+    assert not (tmp_path / "probes").exists()
+    trainer.is_global_zero = True
+    callback.on_train_end(trainer, SimpleNamespace(model=model))
+    assert model.training and all(p.grad is None for p in model.parameters())
+    for folder in ("step7", "final"):
+        assert {p.name for p in (tmp_path / "probes" / folder).iterdir()} == {*FIGURES, "probes.json"}
+    assert load_report(tmp_path / "probes" / "final").samples == 8
+    # A probe that fails warns and leaves the run alone.
+    trainer.datamodule, trainer.global_step = None, 8
+    with pytest.warns(UserWarning, match="probes failed at step 8: AttributeError"):
+        callback.on_train_end(trainer, SimpleNamespace(model=model))
+    assert not (tmp_path / "probes" / "step8").exists()
+
+
+def test_probe_config_switch_and_bad_values(tmp_path):
+    assert probe_callbacks({"enabled": False}, tmp_path) == []
+    (callback,) = probe_callbacks({"enabled": True, "every_n_validations": 3, "num_batches": 4}, tmp_path)
+    assert (callback.every_n_validations, callback.num_batches, callback.debiased) == (3, 4, False)
+    with pytest.raises(InputError, match=r"^probes.num_batches=0 is invalid: must be >= 1$"):
+        train(compose_train("probes.num_batches=0", f"runs_dir={tmp_path}"))
+    assert not (tmp_path / "mesh").exists()

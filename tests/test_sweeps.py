@@ -1,0 +1,214 @@
+"""mesh-sweep: every grid composes, 2x2 grids run end to end with each launcher, bookkeeping."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from experiments.compose import compose_config
+from experiments.launchers import submitit_executor
+from experiments.sweep import compose_launch, expand_cells, main, run_sweep
+from experiments.train import plan_run
+from sweeps import sweep_names
+
+# Every sweep file must appear here with its default grid: a new file without a test fails.
+EXPECTED_GRIDS = {
+    "schemes": {"scheme": ["vanilla", "base", "residual", "anchor", "anchor_emb", "mesh"]},
+    "buffer_slots": {"buffer_slots": ["3", "4", "5", "6"]},
+    "skip_combos": {
+        "scheme": [
+            "vanilla",
+            "base",
+            "anchor",
+            "residual+anchor",
+            "residual+anchor+anchor_emb",
+            "anchor+anchor_emb",
+            "static",
+            "dynamic",
+            "mesh",
+        ]
+    },
+    "loops": {"layout": ["1+4R1+1", "1+2R2+1", "0+2R3+0", "1+1R4+1"], "scheme": ["base", "mesh"]},
+    "layer_distribution": {
+        "layout": ["1+2R2+1", "2+1R2+2", "0+3R2+0", "1+1R4+1", "0+2R3+0"],
+        "scheme": ["base", "mesh"],
+    },
+    "scale": {"model": ["tiny", "mini", "small"], "scheme": ["vanilla", "base", "mesh"]},
+    "nonshared": {"layout": ["1+2+2+1", "1+2R2+1"], "scheme": ["base", "mesh"]},
+}
+FAST = ["max_steps=6", "val_every=3", "log_every=2", "checkpoint_every=3", "data.seq_len=32", "data.batch_size=4"]
+FAST += ["data.val_batches=1", "probes.enabled=false"]
+
+
+def test_every_sweep_file_has_a_test():
+    assert sorted(EXPECTED_GRIDS) == sweep_names()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_GRIDS))
+def test_every_sweep_composes_and_expands_to_its_grid(name, tmp_path):
+    cells = expand_cells(name, [f"runs_dir={tmp_path}"], seeds=[])
+    grid = EXPECTED_GRIDS[name]
+    expected = 1
+    for values in grid.values():
+        expected *= len(values)
+    assert len(cells) == expected
+    for key, values in grid.items():
+        assert sorted({o.split("=", 1)[1] for c in cells for o in c.overrides if o.startswith(f"{key}=")}) == sorted(
+            values
+        )
+    for cell in cells:  # each cell composes into a valid, checkable run
+        cfg = compose_config(cell.overrides)
+        assert cfg.tracking.experiment == name
+        plan = plan_run(cfg)
+        assert plan.run_dir.parent.name == name
+    # Distinct cells are distinct runs.
+    assert len({plan_run(compose_config(c.overrides)).run_dir for c in cells}) == len(cells)
+
+
+def test_vanilla_cell_is_the_compute_matched_plain_model(tmp_path):
+    cfg = compose_config(["+sweep=schemes", "scheme=vanilla", "layout=1+2R3+1", f"runs_dir={tmp_path}"])
+    plan = plan_run(cfg)
+    assert plan.model_config.layout == "8" and plan.model_config.scheme == "base"
+
+
+def test_seeds_repeat_cells_and_command_line_lists_replace_axes(tmp_path):
+    launch = compose_launch(["seeds=3"])
+    assert launch.seeds == [0, 1, 2]
+    assert compose_launch(["seeds=[4,7]"]).seeds == [4, 7]
+    cells = expand_cells("schemes", ["scheme=base,mesh", f"runs_dir={tmp_path}"], seeds=[0, 1, 2])
+    assert [c.label for c in cells] == [f"scheme={s} seed={d}" for s in ("base", "mesh") for d in range(3)]
+
+
+def test_dry_run_lists_the_runs_and_starts_nothing(tmp_path):
+    out = io.StringIO()
+    assert run_sweep("buffer_slots", ["seeds=2", f"runs_dir={tmp_path}"], dry_run=True, out=out) == 0
+    text = out.getvalue()
+    assert text.startswith("buffer_slots: 8 runs")
+    assert "buffer_slots=3 seed=0" in text and "buffer_slots=6 seed=1" in text
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_bad_sweep_requests_answer_in_one_line(capsys, tmp_path):
+    assert main(["nosuch"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: sweep='nosuch' is invalid: known sweeps: " + ", ".join(sweep_names())
+    )
+    assert main(["schemes", "launcher=slurmx", "--dry-run"]) == 2
+    assert (
+        "launcher='slurmx' is invalid: known options: local, parallel, slurm, submitit_local" in capsys.readouterr().err
+    )
+    assert main(["schemes", "layout=4+8R0+4", f"runs_dir={tmp_path}", "--dry-run"]) == 2
+    assert "layout='4+8R0+4' is invalid" in capsys.readouterr().err
+    assert main(["schemes", "nokey=1", "--dry-run"]) == 2
+    assert "'nokey' is not a config key" in capsys.readouterr().err
+
+
+def test_slurm_launcher_composes_with_its_resources(tmp_path, monkeypatch):
+    # submitit only checks that an `srun` exists; a stand-in lets us render the real sbatch file.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    launch = compose_launch(
+        ["launcher=slurm", "launcher.partition=gpu", "launcher.account=lab", "resources=gpu4", "resources.time_min=90"]
+    )
+    assert launch.launcher.kind == "slurm" and launch.launcher.partition == "gpu"
+    assert launch.resources.gpus_per_node == 4 and launch.resources.time_min == 90
+    executor = submitit_executor(tmp_path, launch, local=False)
+    script = executor._executor._make_submission_file_text("python job.py", "uid")
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --gpus-per-node=4"):
+        assert line in script
+    assert "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --time=90" in script
+
+
+def test_slurm_launcher_without_slurm_says_so_in_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    args = ["schemes", "scheme=base", *FAST, f"runs_dir={tmp_path}", "launcher=slurm"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: launcher=slurm needs SLURM (no srun on PATH)") and "\n" not in err
+
+
+def client_for(runs_dir):
+    return mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+
+
+def sweep_runs(runs_dir, experiment="schemes"):
+    client = client_for(runs_dir)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("kind") != "sweep"]
+    return parents, children
+
+
+def check_grid(runs_dir, expected_children=4):
+    parents, children = sweep_runs(runs_dir)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == expected_children
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert len(run.data.tags["config_hash"]) == 12
+        history = client_for(runs_dir).get_metric_history(run.info.run_id, "val/shakespeare/loss")
+        assert [m.step for m in history] == [3, 6]  # nothing lost, even from parallel writers
+    assert {(r.data.params["scheme"], r.data.params["seed"]) for r in children} == {
+        (s, d) for s in ("base", "mesh") for d in ("0", "1")
+    }
+    return parents[0]
+
+
+GRID_2X2 = ["scheme=base,mesh", "seeds=2"]
+
+
+@pytest.mark.parametrize("launcher", ["local", "submitit_local", "parallel"])
+def test_2x2_grid_runs_end_to_end_and_a_rerun_starts_nothing(launcher, tmp_path):
+    out = io.StringIO()
+    args = [*GRID_2X2, *FAST, f"runs_dir={tmp_path}", f"launcher={launcher}"]
+    assert run_sweep("schemes", args, out=out) == 0, out.getvalue()
+    parent = check_grid(tmp_path)
+    assert parent.data.metrics["cells_finished"] == 4
+    assert "all cells finished" in out.getvalue()
+
+    again = io.StringIO()
+    assert run_sweep("schemes", args, out=again) == 0
+    assert "4 already finished, 0 to run" in again.getvalue()
+    parents, children = sweep_runs(tmp_path)
+    assert len(parents) == 1 and len(children) == 4  # the same parent, no new run
+    assert parents[0].data.metrics["cells_skipped"] == 4
+
+
+def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path):
+    args = [*GRID_2X2, *FAST, f"runs_dir={tmp_path}"]
+    # Plant a truncated checkpoint in one cell's run dir: its resume fails at run time.
+    (cell,) = [c for c in expand_cells("schemes", [*args[:1], *FAST, f"runs_dir={tmp_path}"], [1]) if "mesh" in c.label]
+    broken = plan_run(compose_config(cell.overrides)).run_dir / "checkpoints" / "last.ckpt"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"not a checkpoint")
+    out = io.StringIO()
+    assert run_sweep("schemes", args, out=out) == 1
+    text = out.getvalue()
+    assert "| scheme=mesh seed=1 | FAILED |" in text and text.rstrip().endswith("1 failed")
+    parents, children = sweep_runs(tmp_path)
+    assert parents[0].info.status == "FAILED" and parents[0].data.metrics["cells_failed"] == 1
+    statuses = sorted(r.info.status for r in children)
+    assert statuses == ["FAILED", "FINISHED", "FINISHED", "FINISHED"]
+    failed = [r for r in children if r.info.status == "FAILED"][0]
+    assert failed.data.params["scheme"] == "mesh" and failed.data.params["seed"] == "1"
+    assert failed.data.tags["error"]
+
+
+def test_sweep_console_script_dry_run(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    script = str(Path(sys.executable).parent / "mesh-sweep")
+    result = subprocess.run(
+        [script, "schemes", "seeds=2", "--dry-run", f"runs_dir={tmp_path}"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0 and result.stdout.startswith("schemes: 12 runs")
