@@ -51,6 +51,7 @@ class TrackingConfig:
     run_name: str | None = None
     parent_run_id: str | None = None
     sweep: str | None = None  # set by mesh-sweep; tagged on the run
+    tags: dict[str, str] = field(default_factory=dict)  # extra run tags
 
 
 @dataclass
@@ -62,6 +63,29 @@ class ProbeConfig:
     every_n_validations: int = 0
     num_batches: int = 2
     debiased: bool = False
+
+
+@dataclass
+class SearchConfig:
+    """An Optuna search (run by ``mesh-sweep``), declared in a sweep file.
+
+    ``params`` maps a config key, or a name used in ``templates``, to a Hydra sweep expression:
+    ``tag(log, interval(1e-4, 1e-2))`` (float, log scale), ``interval(0, 1.5)``,
+    ``int(interval(1, 8))``, ``choice(a, b)``. ``templates`` builds override values from the
+    sampled names, e.g. ``scheme: "{core:.3f}*core+{anchor:.3f}*anchor"``. The last three fields
+    are set per trial by the driver, for pruning from inside the training process.
+    """
+
+    n_trials: int = 0
+    direction: str = "minimize"
+    params: dict[str, str] = field(default_factory=dict)
+    templates: dict[str, str] = field(default_factory=dict)
+    sampler_seed: int = 0
+    pruner: str = "median"  # median | none
+    pruner_startup_trials: int = 2
+    study_name: str | None = None
+    storage: str | None = None  # default sqlite:///<runs_dir>/optuna.db
+    trial_id: int | None = None
 
 
 @dataclass
@@ -82,6 +106,7 @@ class TrainConfig:
     optim: OptimConfig = MISSING
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     max_steps: int = 200
     val_every: int = 50

@@ -40,7 +40,7 @@ class Cell:
 class CellOutcome:
     index: int
     overrides: list[str]
-    status: str  # FINISHED | FAILED | SKIPPED
+    status: str  # FINISHED | FAILED | SKIPPED | PRUNED
     label: str = ""
     val_loss: float | None = None
     run_id: str | None = None
@@ -60,6 +60,8 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
     try:
         result = train(compose_config(cell.overrides))
     except Exception as error:  # the grid goes on; train() already marked the MLflow run FAILED
+        if type(error).__name__ == "TrialPruned":  # an Optuna trial stopped early on purpose
+            return CellOutcome(cell.index, cell.overrides, "PRUNED", cell.label, error=str(error))
         message = f"{type(error).__name__}: {error}".splitlines()[0]
         traceback.print_exc()
         return CellOutcome(cell.index, cell.overrides, "FAILED", error=message)

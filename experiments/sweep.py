@@ -149,6 +149,9 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)
+    base = compose_config([f"+sweep={name}", *_fixed(cell_overrides)])
+    if base.search.n_trials > 0:
+        return run_search_sweep(name, base, cell_overrides, launch, dry_run, out)
     cells = expand_cells(name, cell_overrides, launch.seeds)
     if launch.resources.gpus_per_node > 0 and launch.launcher.kind == "slurm":
         devices = [f"trainer.devices={launch.resources.gpus_per_node}", f"trainer.num_nodes={launch.resources.nodes}"]
@@ -201,11 +204,58 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     return 1 if failed else 0
 
 
+def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: LaunchConfig, dry_run: bool, out) -> int:
+    """An Optuna search (experiments/search.py); trials are cells under the sweep's parent run."""
+    from experiments.search import SearchError, default_storage, distributions, run_search
+
+    search = OmegaConf.to_object(base.search)
+    try:
+        space = distributions(search)
+    except SearchError as error:
+        raise SweepError(str(error)) from None
+    overrides = [f"+sweep={name}", *cell_overrides]
+    plan = plan_run(base)
+    storage = search.storage or default_storage(plan.run_dir.parent.parent)
+    # The study is the same however many trials are asked for: search.* stays out of its key.
+    key = sweep_key(name, [Cell(0, [o for o in overrides if not o.startswith("search.")])])
+    study_name = search.study_name or key
+    if dry_run:
+        print(f"{name}: Optuna search, {search.n_trials} trials, study {study_name!r} in {storage}", file=out)
+        for param, distribution in space.items():
+            print(f"  {param}: {distribution}", file=out)
+        return 0
+    tracking_uri, parent_id, sweep_dir = parent_run(name, key, [Cell(0, overrides)], [plan])
+    base_overrides = [*overrides, f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
+    kind = launch.launcher.kind
+    round_size = 1 if kind == "local" else launch.launcher.max_parallel if kind == "slurm" else launch.launcher.workers
+    print(f"[mesh-sweep] {name}: Optuna search to {search.n_trials} trials, study {study_name!r}", file=out)
+    study, outcomes = run_search(
+        search,
+        study_name,
+        storage,
+        base_overrides,
+        lambda cells: dispatch(cells, launch, sweep_dir),
+        round_size,
+        lambda o: print(f"[mesh-sweep] trial {o.index}: {o.status} {o.label}", file=out),
+    )
+    _close_parent(tracking_uri, parent_id, outcomes)
+    lines = [f"\n{name}: {len(study.trials)} trials", "| trial | state | value | params |", "|---|---|---|---|"]
+    for trial in study.trials:
+        value = f"{trial.value:.4f}" if trial.value is not None else "-"
+        params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
+        lines.append(f"| {trial.number} | {trial.state.name} | {value} | {params} |")
+    completed = [t for t in study.trials if t.state.name == "COMPLETE"]
+    if completed:
+        lines.append(f"best: trial {study.best_trial.number}, value {study.best_value:.4f}, {study.best_params}")
+    print("\n".join(lines), file=out)
+    return 1 if any(o.status == "FAILED" for o in outcomes) else 0
+
+
 def _close_parent(tracking_uri: str, parent_id: str, outcomes: Sequence[CellOutcome]) -> None:
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri)
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("FINISHED", "SKIPPED", "FAILED")}
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("FINISHED", "SKIPPED", "FAILED", "PRUNED")}
     for status, count in counts.items():
         client.log_metric(parent_id, f"cells_{status.lower()}", count)
     client.set_terminated(parent_id, "FAILED" if counts["FAILED"] else "FINISHED")

@@ -42,7 +42,7 @@ from mesh_model import PRESETS, ConfigError, ModelConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Keys that change where a run is logged or how fast it loads data, not what it computes.
-HASH_EXCLUDED = ("tracking", "runs_dir", "resume", "data.num_workers", "data.cache_dir", "probes")
+HASH_EXCLUDED = ("tracking", "runs_dir", "resume", "data.num_workers", "data.cache_dir", "probes", "search")
 
 
 class InputError(ValueError):
@@ -169,6 +169,7 @@ def _mlflow_run(plan: RunPlan, model_config: ModelConfig, client: Any) -> tuple[
     }
     if plan.config["tracking"]["sweep"]:
         tags["sweep"] = plan.config["tracking"]["sweep"]
+    tags.update({str(k): str(v) for k, v in plan.config["tracking"]["tags"].items()})
     artifacts = (plan.run_dir.parent / "mlartifacts").as_uri() if is_local_store(plan.tracking_uri) else None
     tracking = plan.config["tracking"]
     run_id = open_run(
@@ -271,7 +272,11 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             log_every_n_steps=plan.config["log_every"],
             gradient_clip_val=plan.optim.grad_clip,
             logger=logger,
-            callbacks=[checkpoint, *probe_callbacks(plan.config["probes"], plan.run_dir)],
+            callbacks=[
+                checkpoint,
+                *probe_callbacks(plan.config["probes"], plan.run_dir),
+                *_search_callbacks(plan, val_names),
+            ],
             enable_progress_bar=sys.stderr.isatty(),
             enable_model_summary=False,
             num_sanity_val_steps=0,
@@ -333,10 +338,22 @@ def _log_run_facts(client: Any, run_id: str, plan: RunPlan, model_config: ModelC
     client.log_artifact(run_id, str(plan.run_dir / "config.yaml"))
 
 
+def _search_callbacks(plan: RunPlan, val_names: list[str]) -> list:
+    """Optuna pruning for a trial of a search (experiments/search.py)."""
+    search = plan.config["search"]
+    if search["trial_id"] is None:
+        return []
+    from experiments.search import OptunaPruning
+
+    return [OptunaPruning(search, f"val/{val_names[0]}/loss")]
+
+
 def _mark_failed(client: Any, run_id: str, error: BaseException) -> None:
+    """FAILED with the error as a tag; KILLED for an interrupt or a pruned search trial."""
+    pruned = type(error).__name__ == "TrialPruned"
     try:
-        client.set_tag(run_id, "error", f"{type(error).__name__}: {error}"[:5000])
-        client.set_terminated(run_id, "FAILED" if not isinstance(error, KeyboardInterrupt) else "KILLED")
+        client.set_tag(run_id, "pruned" if pruned else "error", f"{type(error).__name__}: {error}"[:5000])
+        client.set_terminated(run_id, "KILLED" if pruned or isinstance(error, KeyboardInterrupt) else "FAILED")
     except Exception:  # the store itself may be what failed; the original error matters more
         pass
 

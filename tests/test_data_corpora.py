@@ -1,11 +1,13 @@
 import hashlib
-import importlib.util
+import json
+import sys
 
 import pytest
 
 from experiments.data import ChecksumError, DataConfig, load_corpus, split_names, verify_sha256
 from experiments.data.corpora import cpython, hf, text
 from experiments.data.fetch import SHAKESPEARE, fetch_shakespeare
+from mesh_model.errors import ConfigError
 
 # The held-out plays of the default split (sha1 of the file names, val_fraction=0.1 -> 4 of 42).
 SHAKESPEARE_VAL = ["henry_iv_part_2_gut.txt", "john_gut.txt", "measure_for_measure_gut.txt", "richard_ii_gut.txt"]
@@ -122,8 +124,22 @@ def test_text_errors_are_one_line(tmp_path):
     assert error(tmp_path / "empty.txt") == f"data.path='{tmp_path / 'empty.txt'}' is invalid: the file is empty"
 
 
-def test_hf_without_datasets_says_how_to_install():
-    if importlib.util.find_spec("datasets") is not None:
-        pytest.skip("datasets is installed; loading a dataset would need the network")
+def test_hf_without_datasets_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
     with pytest.raises(RuntimeError, match=r"^corpus=hf needs the datasets package: pip install datasets$"):
         hf("wikitext", "wikitext-2-raw-v1")
+
+
+def test_hf_corpus_reads_a_local_dataset_offline(tmp_path, monkeypatch):
+    """``datasets.load_dataset`` on a local folder of jsonl needs no network."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    rows = [{"text": f"line {i} of a local corpus", "other": i} for i in range(5)]
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    corpus = hf(str(folder))
+    assert corpus.name == "hf" and corpus.identity.startswith("hf-")
+    assert [text for _, text in corpus.documents()] == [r["text"] for r in rows]
+    with pytest.raises(ConfigError, match=r"data.hf_text_field='body' is invalid: columns of .*: text, other"):
+        hf(str(folder), text_field="body")

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 import mlflow
+import optuna
 import pytest
+from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
 from experiments.launchers import submitit_executor
 from experiments.sweep import compose_launch, expand_cells, main, run_sweep
-from experiments.train import plan_run
+from experiments.train import plan_run, train
 from sweeps import sweep_names
 
 # Every sweep file must appear here with its default grid: a new file without a test fails.
@@ -42,12 +44,37 @@ EXPECTED_GRIDS = {
     "scale": {"model": ["tiny", "mini", "small"], "scheme": ["vanilla", "base", "mesh"]},
     "nonshared": {"layout": ["1+2+2+1", "1+2R2+1"], "scheme": ["base", "mesh"]},
 }
+# Optuna searches: their search space (a search also counts as tested here).
+EXPECTED_SEARCHES = {
+    "search_lr": {"optim.lr": "FloatDistribution(high=0.03, log=True, low=0.0003, step=None)"},
+    "search_skip_coefficients": {
+        "core": "FloatDistribution(high=1.5, log=False, low=0.25, step=None)",
+        "anchor": "FloatDistribution(high=1.5, log=False, low=0.0, step=None)",
+        "anchor_emb": "FloatDistribution(high=1.5, log=False, low=0.0, step=None)",
+    },
+}
 FAST = ["max_steps=6", "val_every=3", "log_every=2", "checkpoint_every=3", "data.seq_len=32", "data.batch_size=4"]
 FAST += ["data.val_batches=1", "probes.enabled=false"]
 
 
 def test_every_sweep_file_has_a_test():
-    assert sorted(EXPECTED_GRIDS) == sweep_names()
+    assert sorted([*EXPECTED_GRIDS, *EXPECTED_SEARCHES]) == sweep_names()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SEARCHES))
+def test_every_search_composes_with_its_space(name, tmp_path):
+    from experiments.search import distributions, trial_overrides
+
+    cfg = compose_config([f"+sweep={name}", f"runs_dir={tmp_path}"])
+    search = OmegaConf.to_object(cfg.search)
+    assert search.n_trials > 0
+    space = distributions(search)
+    assert {k: str(v) for k, v in space.items()} == EXPECTED_SEARCHES[name]
+    sample = {k: (v.low + v.high) / 2 for k, v in space.items()}
+    trial_cfg = compose_config([f"+sweep={name}", f"runs_dir={tmp_path}", *trial_overrides(search, sample)])
+    plan_run(trial_cfg)  # a trial's config is a valid run
+    if name == "search_skip_coefficients":
+        assert trial_cfg.scheme == "0.8750*core+0.7500*anchor+0.7500*anchor_emb"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_GRIDS))
@@ -212,3 +239,73 @@ def test_sweep_console_script_dry_run(tmp_path):
         [script, "schemes", "seeds=2", "--dry-run", f"runs_dir={tmp_path}"], capture_output=True, text=True, env=env
     )
     assert result.returncode == 0 and result.stdout.startswith("schemes: 12 runs")
+
+
+# --- Optuna -------------------------------------------------------------------------------------
+
+SEARCH = [*FAST, "search.pruner=none"]
+
+
+def study_of(runs_dir, name="search_lr"):
+    storage = f"sqlite:///{runs_dir / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage=storage)
+    assert summary.study_name.startswith(name)
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def test_optuna_search_resumes_when_extended_and_runs_trials_in_parallel(tmp_path):
+    out = io.StringIO()
+    assert run_sweep("search_lr", [*SEARCH, f"runs_dir={tmp_path}", "search.n_trials=4"], out=out) == 0, out.getvalue()
+    study = study_of(tmp_path)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    first = [(t.number, t.params) for t in study.trials]
+    assert all(3e-4 <= p["optim.lr"] <= 3e-2 for _, p in first)
+
+    more = io.StringIO()
+    args = [*SEARCH, f"runs_dir={tmp_path}", "search.n_trials=6", "launcher=parallel", "launcher.workers=2"]
+    assert run_sweep("search_lr", args, out=more) == 0, more.getvalue()
+    study = study_of(tmp_path)
+    assert len(study.trials) == 6 and [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+    assert [(t.number, t.params) for t in study.trials][:4] == first  # resumed, not restarted
+    new_lrs = [t.params["optim.lr"] for t in study.trials[4:]]
+    assert all(lr not in [p["optim.lr"] for _, p in first] for lr in new_lrs)  # no replayed suggestions
+    assert "best: trial" in more.getvalue()
+
+    parents, children = sweep_runs(tmp_path, "search_lr")
+    assert len(parents) == 1 and len(children) == 6
+    assert sorted(int(r.data.tags["optuna_trial"]) for r in children) == list(range(6))
+    for run in children:
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        trial = study.trials[int(run.data.tags["optuna_trial"])]
+        assert float(run.data.params["optim.lr"]) == pytest.approx(trial.params["optim.lr"])
+        assert run.data.metrics["val_loss"] == pytest.approx(trial.value)
+
+
+def test_a_trial_worse_than_the_median_is_pruned_from_inside_training(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(
+        study_name="prune", storage=storage, pruner=optuna.pruners.MedianPruner(n_startup_trials=0)
+    )
+    lr = optuna.distributions.FloatDistribution(1e-4, 1e-2)
+    study.add_trial(  # a finished trial that was far better at every step
+        optuna.trial.create_trial(
+            params={"optim.lr": 1e-3}, distributions={"optim.lr": lr}, value=0.5, intermediate_values={3: 0.5, 6: 0.5}
+        )
+    )
+    trial = study.ask({"optim.lr": lr})
+    cfg = compose_config(
+        [
+            *FAST,
+            f"runs_dir={tmp_path}",
+            "search.study_name=prune",
+            f"search.storage={storage}",
+            f"search.trial_id={trial._trial_id}",
+            "search.pruner_startup_trials=0",
+        ]
+    )
+    with pytest.raises(optuna.TrialPruned):
+        train(cfg)
+    assert study.trials[1].intermediate_values == {3: pytest.approx(study.trials[1].intermediate_values[3])}
+    client = client_for(tmp_path)
+    (run,) = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+    assert run.info.status == "KILLED" and "pruned at step 3" in run.data.tags["pruned"]

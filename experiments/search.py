@@ -1,0 +1,177 @@
+"""Optuna searches where a grid is too coarse, driven by ``mesh-sweep`` (Optuna 4.x/5.x).
+
+A sweep file with ``search.n_trials > 0`` is a search. The driver keeps the study in an RDB
+(``search.storage``, default ``sqlite:///<runs_dir>/optuna.db``) and runs trials in rounds: it
+asks Optuna for as many trials as the launcher runs at once (``launcher=parallel`` or
+``submitit_local``/``slurm`` run them side by side), launches them as ordinary cells (each an
+MLflow run under the sweep's parent run, tagged with its trial number), and tells Optuna the
+final validation loss. Inside each training process a Lightning callback reports the
+validation loss at every validation and prunes the trial when the pruner says so.
+
+Re-running the same command resumes the study: finished and pruned trials count towards
+``n_trials``; trials left running by an interrupted driver are launched again with the same
+parameters (their training resumes from its checkpoint). The sampler is seeded with
+``sampler_seed`` plus the number of trials already in the study, because reusing the same seed
+on resume replays the same first suggestions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import lightning.pytorch as pl
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+from experiments.config import SearchConfig
+from experiments.launchers import Cell, CellOutcome
+
+FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+class SearchError(ValueError):
+    """A bad search declaration; the message is one line."""
+
+
+def distributions(search: SearchConfig) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Hydra sweep expressions -> Optuna distributions."""
+    parser = OverridesParser.create()
+    found: dict[str, optuna.distributions.BaseDistribution] = {}
+    for name, expression in search.params.items():
+        try:
+            value = parser.parse_override(f"{name}={expression}").value()
+        except Exception as error:
+            raise SearchError(f"search.params.{name}={expression!r} is invalid: {error}") from None
+        if isinstance(value, IntervalSweep):
+            log = "log" in value.tags
+            if isinstance(value.start, int) and isinstance(value.end, int):
+                found[name] = optuna.distributions.IntDistribution(value.start, value.end, log=log)
+            else:
+                found[name] = optuna.distributions.FloatDistribution(float(value.start), float(value.end), log=log)
+        elif isinstance(value, RangeSweep):
+            found[name] = optuna.distributions.IntDistribution(
+                int(value.start), int(value.stop) - 1, step=int(value.step)
+            )
+        elif isinstance(value, ChoiceSweep):
+            found[name] = optuna.distributions.CategoricalDistribution(list(value.list))
+        else:
+            raise SearchError(
+                f"search.params.{name}={expression!r} is invalid: use interval(a, b), tag(log, interval(a, b)), "
+                "int(interval(a, b)), range(a, b) or choice(...)"
+            )
+    return found
+
+
+def trial_overrides(search: SearchConfig, params: dict) -> list[str]:
+    """Config overrides for one trial: sampled keys directly, template names through templates."""
+    templated = {name for template in search.templates.values() for name in _template_names(template)}
+    overrides = [f"{key}={value}" for key, value in params.items() if key not in templated]
+    for key, template in search.templates.items():
+        overrides.append(f"{key}={template.format(**params)}")
+    return overrides
+
+
+def _template_names(template: str) -> set[str]:
+    import string
+
+    return {field for _, field, _, _ in string.Formatter().parse(template) if field}
+
+
+def make_pruner(pruner: str, startup_trials: int) -> optuna.pruners.BasePruner:
+    """Optuna keeps no pruner in its storage: the driver and every trial process build the same one."""
+    if pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials)
+    if pruner == "none":
+        return optuna.pruners.NopPruner()
+    raise SearchError(f"search.pruner={pruner!r} is invalid: use median or none")
+
+
+def open_study(search: SearchConfig, name: str, storage: str) -> optuna.Study:
+    existing = optuna.load_study(study_name=name, storage=storage) if _exists(name, storage) else None
+    seed = search.sampler_seed + (len(existing.trials) if existing else 0)
+    return optuna.create_study(
+        study_name=name,
+        storage=storage,
+        direction=search.direction,
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=make_pruner(search.pruner, search.pruner_startup_trials),
+        load_if_exists=True,
+    )
+
+
+def _exists(name: str, storage: str) -> bool:
+    return any(s.study_name == name for s in optuna.get_all_study_summaries(storage=storage))
+
+
+def run_search(
+    search: SearchConfig,
+    study_name: str,
+    storage: str,
+    base_overrides: Sequence[str],
+    dispatch: Callable[[Sequence[Cell]], Iterable[CellOutcome]],
+    round_size: int,
+    report: Callable[[CellOutcome], None] = lambda outcome: None,
+) -> tuple[optuna.Study, list[CellOutcome]]:
+    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones."""
+    space = distributions(search)
+    make_pruner(search.pruner, search.pruner_startup_trials)  # a bad name fails before any trial
+    study = open_study(search, study_name, storage)
+    outcomes: list[CellOutcome] = []
+    while True:
+        finished = sum(t.state in FINISHED_STATES for t in study.trials)
+        if finished >= search.n_trials:
+            return study, outcomes
+        stale = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+        wanted = min(round_size, search.n_trials - finished)
+        trials = [(t._trial_id, t.number, t.params) for t in stale[:wanted]]
+        for _ in range(wanted - len(trials)):
+            trial = study.ask(space)
+            trials.append((trial._trial_id, trial.number, trial.params))
+        cells = [
+            Cell(
+                number,
+                [
+                    *base_overrides,
+                    *trial_overrides(search, params),
+                    f"search.trial_id={trial_id}",
+                    f"search.study_name={study_name}",
+                    f"search.storage={storage}",
+                    f"+tracking.tags.optuna_trial={number}",
+                ],
+                " ".join(trial_overrides(search, params)),
+            )
+            for trial_id, number, params in trials
+        ]
+        for outcome in dispatch(cells):
+            if outcome.status == "PRUNED":
+                study.tell(outcome.index, state=optuna.trial.TrialState.PRUNED)
+            elif outcome.status == "FINISHED" and outcome.val_loss is not None:
+                study.tell(outcome.index, outcome.val_loss)
+            else:
+                study.tell(outcome.index, state=optuna.trial.TrialState.FAIL)
+            outcomes.append(outcome)
+            report(outcome)
+
+
+def default_storage(runs_dir: Path) -> str:
+    return f"sqlite:///{(runs_dir / 'optuna.db').resolve()}"
+
+
+class OptunaPruning(pl.Callback):
+    """Reports the main validation loss to the trial after every validation; prunes on request."""
+
+    def __init__(self, search: dict, metric: str) -> None:
+        self.metric = metric
+        pruner = make_pruner(search["pruner"], search["pruner_startup_trials"])
+        study = optuna.load_study(study_name=search["study_name"], storage=search["storage"], pruner=pruner)
+        self.trial = optuna.trial.Trial(study, search["trial_id"])
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
+            return
+        step = trainer.global_step
+        self.trial.report(float(trainer.callback_metrics[self.metric]), step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"trial {self.trial.number} pruned at step {step}")
