@@ -47,6 +47,19 @@ class CellOutcome:
     run_dir: str | None = None
     error: str | None = None
 
+    @classmethod
+    def from_result(cls, cell: Cell, status: str, result: dict) -> CellOutcome:
+        """From what ``train`` returns (or wrote to ``result.json``)."""
+        return cls(
+            cell.index,
+            cell.overrides,
+            status,
+            cell.label,
+            val_loss=result["val_loss"],
+            run_id=result["run_id"],
+            run_dir=result["run_dir"],
+        )
+
 
 def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
     """Compose and train one cell; never raises for a failing run."""
@@ -64,16 +77,8 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
             return CellOutcome(cell.index, cell.overrides, "PRUNED", cell.label, error=str(error))
         message = f"{type(error).__name__}: {error}".splitlines()[0]
         traceback.print_exc()
-        return CellOutcome(cell.index, cell.overrides, "FAILED", error=message)
-    return CellOutcome(
-        cell.index,
-        cell.overrides,
-        "FINISHED",
-        cell.label,
-        val_loss=result["val_loss"],
-        run_id=result["run_id"],
-        run_dir=result["run_dir"],
-    )
+        return CellOutcome(cell.index, cell.overrides, "FAILED", cell.label, error=message)
+    return CellOutcome.from_result(cell, "FINISHED", result)
 
 
 def launch_local(cells: Sequence[Cell]) -> Iterator[CellOutcome]:

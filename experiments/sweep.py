@@ -173,16 +173,7 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     for cell, plan in zip(cells, plans, strict=True):
         result_file = plan.run_dir / "result.json"
         if result_file.exists():
-            result = json.loads(result_file.read_text())
-            outcomes[cell.index] = CellOutcome(
-                cell.index,
-                cell.overrides,
-                "SKIPPED",
-                cell.label,
-                val_loss=result["val_loss"],
-                run_id=result["run_id"],
-                run_dir=result["run_dir"],
-            )
+            outcomes[cell.index] = CellOutcome.from_result(cell, "SKIPPED", json.loads(result_file.read_text()))
         else:
             extra = [f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
             pending.append(Cell(cell.index, [*cell.overrides, *extra], cell.label))
