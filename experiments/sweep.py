@@ -6,7 +6,8 @@
     mesh-sweep schemes model=pythia-410m trainer=gpu launcher=slurm launcher.partition=gpu resources=gpu1
 
 Overrides of ``launcher``/``resources``/``seeds`` say how the grid runs; all others go to every
-cell (a comma list, ``scheme=base,mesh``, adds or replaces a grid axis). The grid comes from the
+cell. A comma list (``scheme=base,mesh``) adds or replaces a grid axis, and a single value for
+an axis of the grid (``scheme=mesh``) pins it. The grid comes from the
 sweep file's ``hydra.sweeper.params``. Bookkeeping:
 
 * one MLflow parent run per sweep, one child run per cell (``tracking.parent_run_id``);
@@ -91,8 +92,9 @@ def expand_cells(name: str, cell_overrides: Sequence[str], seeds: Sequence[int])
     parser = OverridesParser.create()
     fixed = []
     for override in parser.parse_overrides(list(cell_overrides)):
-        if override.is_sweep_override():
-            params[override.get_key_element()] = override.input_line.split("=", 1)[1]
+        key = override.get_key_element()
+        if override.is_sweep_override() or key in params:  # replaces the axis (one value pins it)
+            params[key] = override.input_line.split("=", 1)[1]
         else:
             fixed.append(override.input_line)
     if seeds:

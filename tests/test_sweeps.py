@@ -110,6 +110,10 @@ def test_seeds_repeat_cells_and_command_line_lists_replace_axes(tmp_path):
     assert compose_launch(["seeds=[4,7]"]).seeds == [4, 7]
     cells = expand_cells("schemes", ["scheme=base,mesh", f"runs_dir={tmp_path}"], seeds=[0, 1, 2])
     assert [c.label for c in cells] == [f"scheme={s} seed={d}" for s in ("base", "mesh") for d in range(3)]
+    pinned = expand_cells("loops", ["scheme=mesh", f"runs_dir={tmp_path}"], seeds=[])
+    assert [c.label for c in pinned] == [
+        f"layout={lay} scheme=mesh" for lay in ("1+4R1+1", "1+2R2+1", "0+2R3+0", "1+1R4+1")
+    ]
 
 
 def test_dry_run_lists_the_runs_and_starts_nothing(tmp_path):

@@ -1,0 +1,64 @@
+"""``mesh-results NAME``: paper-style tables, figures and a report from the runs in MLflow.
+
+    mesh-results schemes                                   # runs/mlflow.db -> results/schemes/
+    mesh-results schemes,skip_combos --out /tmp/ablations  # several experiments in one report
+    mesh-results --filter "tags.preset = 'tiny'"           # any runs, selected by tags
+    mesh-results loops --tracking-uri http://host:5000 --metric val/cpython/loss
+
+NAME is an MLflow experiment (a sweep's name), or several comma-separated. Writes
+``report.md``, ``table.{md,tex,csv}``, ``probes.{md,tex,csv}`` (when runs were probed),
+``runs.csv`` (every run read, any status) and ``figures/`` to ``--out`` (default ``results/<NAME>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from results.collect import ResultsError, tracking_uri_for
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mesh-results", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("name", nargs="?", default="", help="experiment (sweep) name(s), comma-separated")
+    parser.add_argument(
+        "--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI, then sqlite in --runs-dir)"
+    )
+    parser.add_argument("--runs-dir", default="runs", help="where mesh-train put runs/mlflow.db (default: runs)")
+    parser.add_argument("--out", default=None, help="output folder (default: results/<NAME>)")
+    parser.add_argument("--filter", default="", help="MLflow filter string, e.g. \"tags.preset = 'tiny'\"")
+    parser.add_argument(
+        "--metric", default="val_loss", help="key metric for the summary, deltas and plots (default: val_loss)"
+    )
+    parser.add_argument("--paper", default=None, help=argparse.SUPPRESS)  # another numbers file (tests)
+    args = parser.parse_args(argv)
+    experiments = [n.strip() for n in args.name.split(",") if n.strip()]
+    if not experiments and not args.filter:
+        parser.error("give an experiment NAME (e.g. schemes) or --filter")
+    label = "-".join(experiments) or "filtered"
+    out = Path(args.out) if args.out else Path("results") / label
+    start = time.perf_counter()
+    try:
+        from results.report import build_report
+
+        uri = tracking_uri_for(args.tracking_uri, args.runs_dir)
+        output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper)
+    except ResultsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    runs = output.results.runs
+    finished = int((runs["status"] == "FINISHED").sum())
+    print(
+        f"[mesh-results] {len(runs)} runs ({finished} finished) -> {len(output.results.rows)} rows; "
+        f"{output.report} ({time.perf_counter() - start:.1f}s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Read runs from the MLflow store into a tidy frame: one row per run, tags and final metrics as columns.
+
+Only cell runs are read (a sweep's parent run, tag ``kind=sweep``, is left out). Every run is kept
+whatever its status; :mod:`results.tables` averages only the FINISHED ones and the report lists the
+others. A metric's value is MLflow's latest (the last step logged).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.tracking import check_tracking_uri, resolve_tracking_uri
+
+TAG_COLUMNS = (
+    "preset",
+    "scheme",
+    "layout",
+    "seed",
+    "buffer_slots",
+    "config_hash",
+    "git_commit",
+    "sweep",
+    "run_dir",
+    "optuna_trial",
+    "error",
+    "pruned",
+)
+RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "start_time", "end_time", *TAG_COLUMNS, "params")
+# Params that say where or how a run was logged, or that follow from others: never a reason to put
+# two runs in different rows. The grouping ignores them (and the seed).
+IGNORED_PARAMS = ("seed", "config_hash", "runs_dir", "resume", "peak_lr", "val_names", "compile", "log_every")
+IGNORED_PARAMS += ("checkpoint_every",)
+IGNORED_PREFIXES = ("tracking.", "probes.", "search.", "model_config.", "model_config/", "data.cache_dir")
+IGNORED_PREFIXES += ("data.num_workers",)
+AXIS_PARAMS = ("model", "scheme", "layout", "buffer_slots")  # shown in their own columns
+PROBE_ARTIFACT = "probes/final/probes.json"
+
+
+class ResultsError(ValueError):
+    """A bad request (unknown experiment, missing store); the message is one line."""
+
+
+def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs") -> str:
+    """``--tracking-uri``, then ``$MLFLOW_TRACKING_URI``, then ``sqlite:///<runs_dir>/mlflow.db``
+    (as mesh-train resolves it); a sqlite file that does not exist is an error, not a new store."""
+    uri = resolve_tracking_uri(tracking_uri, Path(runs_dir).expanduser(), os.environ)
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+        if not path.exists():
+            raise ResultsError(f"no MLflow store at {path}; run a sweep first, or pass --tracking-uri / --runs-dir")
+    else:
+        try:
+            check_tracking_uri(uri)
+        except Exception as error:
+            raise ResultsError(str(error)) from None
+    return uri
+
+
+def open_client(tracking_uri: str) -> Any:
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri)
+
+
+def experiment_ids(client: Any, names: Sequence[str]) -> dict[str, str]:
+    """name -> id for each name; all experiments when ``names`` is empty. Unknown names fail with the known ones."""
+    known = {e.name: e.experiment_id for e in client.search_experiments()}
+    if not names:
+        return known
+    missing = [n for n in names if n not in known]
+    if missing:
+        listed = ", ".join(sorted(n for n in known if n != "Default")) or "(none)"
+        raise ResultsError(f"experiment {', '.join(map(repr, missing))} not found in the store; known: {listed}")
+    return {n: known[n] for n in names}
+
+
+def _search(client: Any, ids: list[str], filter_string: str) -> Iterable[Any]:
+    token = None
+    while True:
+        page = client.search_runs(ids, filter_string, max_results=1000, page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+def collect_runs(client: Any, experiments: Sequence[str] = (), filter_string: str = "") -> pd.DataFrame:
+    """One row per cell run of ``experiments`` (all when empty) that passes ``filter_string``:
+    the columns of :data:`RUN_COLUMNS` (``params`` holds the run's params as a dict), then one
+    column per metric, named as in MLflow (``val/shakespeare/ppl``, ``val_loss``...)."""
+    ids = experiment_ids(client, experiments)
+    names = {v: k for k, v in ids.items()}
+    records = []
+    try:
+        runs = list(_search(client, list(ids.values()), filter_string))
+    except Exception as error:  # a bad filter string
+        raise ResultsError(f"--filter {filter_string!r} is invalid: {str(error).splitlines()[0]}") from None
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("kind") == "sweep":
+            continue
+        record: dict[str, Any] = {
+            "run_id": run.info.run_id,
+            "run_name": run.info.run_name,
+            "experiment": names.get(run.info.experiment_id, run.info.experiment_id),
+            "status": run.info.status,
+            "start_time": pd.to_datetime(run.info.start_time, unit="ms") if run.info.start_time else pd.NaT,
+            "end_time": pd.to_datetime(run.info.end_time, unit="ms") if run.info.end_time else pd.NaT,
+            **{column: tags.get(column, "") for column in TAG_COLUMNS},
+            "params": dict(run.data.params),
+        }
+        if not record["seed"]:
+            record["seed"] = run.data.params.get("seed", "")
+        if not record["preset"]:
+            record["preset"] = run.data.params.get("model", "")
+        record.update(run.data.metrics)
+        records.append(record)
+    frame = pd.DataFrame.from_records(records, columns=None if records else list(RUN_COLUMNS))
+    for column in RUN_COLUMNS:
+        if column not in frame:
+            frame[column] = ""
+    frame = add_main_set(frame)
+    order = ["experiment", "preset", "layout", "scheme", "buffer_slots", "seed", "run_name"]
+    return frame.sort_values(order, kind="stable", ignore_index=True) if len(frame) else frame
+
+
+def validation_sets(frame: pd.DataFrame) -> list[str]:
+    """The validation sets that runs report (``val/<set>/loss``): main sets first, then the others by name."""
+    sets = sorted({c.split("/")[1] for c in frame.columns if c.startswith("val/") and c.endswith("/loss")})
+    main = frame["main_set"].value_counts().index.tolist() if "main_set" in frame and len(frame) else []
+    return [s for s in main if s in sets] + [s for s in sets if s not in main]
+
+
+def add_main_set(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns ``main_set`` (the run's ``data.corpus``, or the set whose loss is ``val_loss``) and
+    ``val_ppl`` (the PPL of that set): every run's headline numbers, whatever its corpus."""
+    frame = frame.copy()
+    sets = sorted({c.split("/")[1] for c in frame.columns if c.startswith("val/") and c.endswith("/loss")})
+    mains, ppls = [], []
+    for _, run in frame.iterrows():
+        main = run["params"].get("data.corpus", "") if isinstance(run["params"], dict) else ""
+        if main not in sets:
+            loss = run.get("val_loss")
+            close = [s for s in sets if _finite(run.get(f"val/{s}/loss")) and _finite(loss)]
+            close = [s for s in close if math.isclose(run[f"val/{s}/loss"], loss, rel_tol=1e-9)]
+            main = close[0] if close else (sets[0] if len(sets) == 1 else "")
+        mains.append(main)
+        ppl = run.get(f"val/{main}/ppl") if main else None
+        ppls.append(float(ppl) if _finite(ppl) else math.nan)
+    frame["main_set"] = mains
+    frame["val_ppl"] = ppls
+    return frame
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def grouping_params(frame: pd.DataFrame) -> list[str]:
+    """The params (besides the seed and the axes of their own columns) whose value differs between
+    finished runs: the other overrides that make two runs different rows. Only params that every
+    finished run logged count (runs logged without params group by their tags alone)."""
+    finished = frame[frame["status"] == "FINISHED"]
+    dicts = [p for p in finished["params"] if isinstance(p, dict)]
+    if not dicts or len(dicts) < len(finished):
+        return []
+    common = set.intersection(*(set(p) for p in dicts))
+    keys = []
+    for key in sorted(common):
+        if key in IGNORED_PARAMS or key in AXIS_PARAMS or key.startswith(IGNORED_PREFIXES):
+            continue
+        if len({p[key] for p in dicts}) > 1:
+            keys.append(key)
+    return keys
+
+
+def overrides_label(params: dict[str, str] | Any, keys: Sequence[str]) -> str:
+    if not isinstance(params, dict):
+        return ""
+    return " ".join(f"{k}={params.get(k, '')}" for k in keys)
+
+
+def metric_histories(client: Any, run_ids: Iterable[str], key: str = "train/loss") -> pd.DataFrame:
+    """Long frame (run_id, step, value) of ``key`` for each run."""
+    rows = []
+    for run_id in run_ids:
+        rows += [(run_id, m.step, m.value) for m in client.get_metric_history(run_id, key)]
+    return pd.DataFrame(rows, columns=["run_id", "step", "value"])
+
+
+def probe_reports(client: Any, rows: Iterable[Sequence[str]]) -> dict[str, Any]:
+    """For each group of run ids (a row's seeds, in order), the first run's
+    :class:`~mesh_model.probes.ProbeReport` read from its ``probes/final/probes.json`` artifact:
+    run id -> report. Groups where no run has the artifact are left out."""
+    from experiments.probe_files import load_report
+
+    reports = {}
+    quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # one bar per file otherwise
+    with tempfile.TemporaryDirectory() as tmp, _environ(quiet):
+        for run_ids in rows:
+            for run_id in run_ids:
+                try:
+                    path = client.download_artifacts(run_id, PROBE_ARTIFACT, str(Path(tmp) / run_id))
+                except Exception:  # no probe artifact (probes off, failed, or not logged)
+                    continue
+                reports[run_id] = load_report(path)
+                break
+    return reports
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+__all__ = [
+    "ResultsError",
+    "collect_runs",
+    "experiment_ids",
+    "grouping_params",
+    "metric_histories",
+    "open_client",
+    "probe_reports",
+    "tracking_uri_for",
+    "validation_sets",
+]

@@ -1,0 +1,192 @@
+"""The report's figures (PNG + SVG, matplotlib's Agg canvas, no pyplot state):
+
+* PPL against % non-embedding parameters of vanilla, one labelled point per row, a panel per preset;
+* the B ablation (PPL against MeSH's buffer slots, error bars over seeds) when B varies;
+* training-loss curves per row (mean over seeds, ± std band), a panel per block;
+* the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`).
+
+Every function returns the paths it wrote, or an empty list when the runs hold nothing to draw.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mesh_model.probe_plots import _figure, _save, plot_comparison
+from results.paper import PaperRow
+from results.tables import Results, Row
+
+
+def _scheme_colors(rows: Sequence[Row]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    schemes = list(dict.fromkeys(r.scheme for r in rows))
+    cmap = colormaps["tab10"] if len(schemes) <= 10 else colormaps["tab20"]
+    return {s: cmap(i % cmap.N) for i, s in enumerate(schemes)}
+
+
+def plot_ppl_vs_params(results: Results, out_dir: str | Path, stem: str = "ppl_vs_params") -> list[Path]:
+    """One panel per preset: x the non-embedding parameters in % of vanilla, y the key PPL, error bars
+    the sample std over seeds; every point labelled with its scheme and layout."""
+    metric = results.ppl_metric
+    by_preset: dict[str, list[Row]] = {}
+    for row in results.rows:
+        if metric in row.stats and "params_pct_of_vanilla" in row.stats:
+            by_preset.setdefault(row.preset, []).append(row)
+    if not by_preset:
+        return []
+    colors = _scheme_colors([r for rows in by_preset.values() for r in rows])
+    fig, axes = _figure(0.5 + 5.5 * len(by_preset), 4.2, ncols=len(by_preset))
+    for ax, (preset, rows) in zip(axes, by_preset.items(), strict=True):
+        for row in rows:
+            stat = row.stats[metric]
+            x = row.stats["params_pct_of_vanilla"].mean
+            ax.errorbar(x, stat.mean, yerr=stat.std or 0.0, fmt="o", color=colors[row.scheme], capsize=3)
+            ax.annotate(row.label, (x, stat.mean), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.set_xlabel("non-embedding parameters (% of vanilla)")
+        ax.set_ylabel(results.metric_label)
+        ax.set_title(preset)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.15, y=0.12)
+    return _save(fig, out_dir, stem)
+
+
+def _slots(row: Row) -> int | None:
+    try:
+        return int(float(row.buffer_slots))
+    except ValueError:
+        return None
+
+
+def plot_buffer_slots(
+    results: Results, out_dir: str | Path, paper: Sequence[PaperRow] = (), stem: str = "buffer_slots"
+) -> list[Path]:
+    """PPL against B for MeSH rows of the same preset, layout and other settings, when at least two
+    B were run; error bars are the sample std over seeds. The paper's B ablation is drawn dashed
+    where its preset and layout match."""
+    metric = results.ppl_metric
+    series: dict[tuple[str, str, str], list[Row]] = {}
+    for row in results.rows:
+        if row.scheme == "mesh" and _slots(row) is not None and metric in row.stats:
+            series.setdefault((row.preset, row.layout, row.overrides), []).append(row)
+    series = {k: sorted(v, key=_slots) for k, v in series.items() if len({_slots(r) for r in v}) >= 2}
+    if not series:
+        return []
+    fig, (ax,) = _figure(5.5, 4.0)
+    for (preset, layout, overrides), rows in series.items():
+        label = " ".join(filter(None, [preset, layout, overrides]))
+        ax.errorbar(
+            [_slots(r) for r in rows],
+            [r.stats[metric].mean for r in rows],
+            yerr=[r.stats[metric].std or 0.0 for r in rows],
+            marker="o",
+            capsize=3,
+            label=f"{label} (n={'/'.join(str(r.stats[metric].n) for r in rows)})",
+        )
+        reference = sorted(
+            (p for p in paper if (p.preset, p.layout, p.scheme) == (preset, layout, "mesh") and p.buffer_slots),
+            key=lambda p: p.buffer_slots or 0,
+        )
+        if reference and metric.endswith("ppl") and all("ppl" in p.values for p in reference):
+            ax.plot(
+                [p.buffer_slots for p in reference],
+                [p.values["ppl"].value for p in reference],
+                "--",
+                marker="s",
+                color="grey",
+                label=f"paper ({preset} {layout})",
+            )
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("buffer slots B")
+    ax.set_ylabel(results.metric_label)
+    ax.set_title("MeSH: PPL vs B")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir, stem)
+
+
+def plot_train_loss(
+    results: Results, histories: pd.DataFrame, out_dir: str | Path, stem: str = "train_loss"
+) -> list[Path]:
+    """One panel per block, one curve per row: ``train/loss`` averaged over the row's seeds at each
+    logged step, with a ± sample-std band where two or more seeds logged the step."""
+    if histories.empty:
+        return []
+    blocks = [b for b in results.blocks if any(histories["run_id"].isin(r.run_ids).any() for r in b.rows)]
+    if not blocks:
+        return []
+    colors = _scheme_colors(results.rows)
+    fig, axes = _figure(0.5 + 5.5 * len(blocks), 4.0, ncols=len(blocks))
+    styles = ["-", "--", ":", "-."]
+    for ax, block in zip(axes, blocks, strict=True):
+        seen: dict[str, int] = {}
+        for row in block.rows:
+            curve = histories[histories["run_id"].isin(row.run_ids)].groupby("step")["value"]
+            if not len(curve):
+                continue
+            mean, std, count = curve.mean(), curve.std(ddof=1), curve.count()
+            style = styles[seen.get(row.scheme, 0) % len(styles)]
+            seen[row.scheme] = seen.get(row.scheme, 0) + 1
+            n = len(row.run_ids)
+            ax.plot(mean.index, mean.values, style, color=colors[row.scheme], label=f"{row.label} (n={n})")
+            band = count >= 2
+            if band.any():
+                ax.fill_between(
+                    mean.index[band],
+                    (mean - std)[band],
+                    (mean + std)[band],
+                    color=colors[row.scheme],
+                    alpha=0.15,
+                    linewidth=0,
+                )
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.set_title(block.name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, out_dir, stem)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
+
+
+def plot_probes(results: Results, reports: Mapping[str, Any], out_dir: str | Path) -> dict[str, dict[str, list[Path]]]:
+    """For each block with probe reports: the probe figures of its rows side by side (updates, RBF
+    and linear CKA, spectra), each row drawn from the report of its first seed that has one
+    (looped rows first).
+    Returns block name -> figure -> paths."""
+    figures = {}
+    for block in results.blocks:
+        chosen = {}
+        for row in block.rows:
+            run_id = next((r for r in row.run_ids if r in reports), None)
+            if run_id is not None:
+                chosen[row.label] = reports[run_id]
+        if chosen:
+            # plot_comparison orders the update bars by the first report's blocks: a looped row first
+            # gives prelude, core1..coreK, coda (a vanilla one has only prelude and coda)
+            ordered = dict(sorted(chosen.items(), key=lambda item: -len(item[1].updates)))
+            figures[block.name] = plot_comparison(ordered, Path(out_dir) / slug(block.name))
+    return figures
+
+
+def probe_seeds(results: Results, reports: Mapping[str, Any]) -> dict[str, str]:
+    """row label -> the seed whose probe report :func:`plot_probes` draws."""
+    seeds = {}
+    for row in results.rows:
+        for run_id, seed in zip(row.run_ids, row.seeds, strict=True):
+            if run_id in reports:
+                seeds[row.label] = seed
+                break
+    return seeds
+
+
+__all__ = ["plot_buffer_slots", "plot_ppl_vs_params", "plot_probes", "plot_train_loss", "probe_seeds"]

@@ -1,0 +1,325 @@
+"""``report.md``: what was run, the tables, the figures, the probes, and what was left out.
+
+:func:`build_report` does everything ``mesh-results`` does: read the runs, aggregate, write the
+tables, draw the figures, and write the report beside them (links are relative, so the folder reads
+well on GitHub wherever it is committed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from results import collect, plots, tables
+from results.paper import load_paper_numbers
+from results.tables import Results, markdown_escape
+
+FIGURES = "figures"
+
+
+@dataclass
+class Output:
+    """What :func:`build_report` wrote (paths) and the aggregated results."""
+
+    out_dir: Path
+    report: Path
+    results: Results
+    tables: list[Path] = field(default_factory=list)
+    figures: dict[str, list[Path]] = field(default_factory=dict)
+    runs_csv: Path | None = None
+
+
+def build_report(
+    name: str,
+    experiments: Sequence[str],
+    tracking_uri: str,
+    out_dir: str | Path,
+    filter_string: str = "",
+    metric: str = "val_loss",
+    paper_file: str | Path | None = None,
+) -> Output:
+    """Read the runs of ``experiments`` (all when empty) passing ``filter_string`` from the store and
+    write tables, figures and ``report.md`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    client = collect.open_client(tracking_uri)
+    frame = collect.collect_runs(client, experiments, filter_string)
+    if frame.empty:
+        where = ", ".join(experiments) or "the store"
+        raise collect.ResultsError(
+            f"no runs in {where}" + (f" match --filter {filter_string!r}" if filter_string else "")
+        )
+    paper = load_paper_numbers(paper_file)
+    prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
+    try:
+        results = tables.aggregate(frame, metric, paper, prefer)
+    except ValueError as error:
+        raise collect.ResultsError(str(error)) from None
+
+    output = Output(out, out / "report.md", results)
+    main = tables.main_table(results)
+    output.tables += tables.write_table(main, out, "table")
+    probes = tables.probe_table(results)
+    if probes is not None:
+        output.tables += tables.write_table(probes, out, "probes")
+    runs = results.runs.drop(columns=["params"])
+    output.runs_csv = out / "runs.csv"
+    runs.to_csv(output.runs_csv, index=False)
+
+    figures = out / FIGURES
+    finished = [run_id for row in results.rows for run_id in row.run_ids]
+    output.figures["ppl_vs_params"] = plots.plot_ppl_vs_params(results, figures)
+    output.figures["buffer_slots"] = plots.plot_buffer_slots(results, figures, paper)
+    histories = collect.metric_histories(client, finished, "train/loss")
+    output.figures["train_loss"] = plots.plot_train_loss(results, histories, figures)
+    reports = collect.probe_reports(client, _rows_with_probes(results))
+    probe_figures = plots.plot_probes(results, reports, figures / "probes")
+    for block, paths in probe_figures.items():
+        for kind, files in paths.items():
+            output.figures[f"probes/{block}/{kind}"] = files
+
+    text = render_report(
+        name=name,
+        experiments=experiments,
+        tracking_uri=tracking_uri,
+        filter_string=filter_string,
+        results=results,
+        main=main,
+        probes=probes,
+        output=output,
+        probe_figures=probe_figures,
+        probe_seeds=plots.probe_seeds(results, reports),
+    )
+    output.report.write_text(text)
+    return output
+
+
+def _rows_with_probes(results: Results) -> list[list[str]]:
+    """The run ids of each row that logged probe metrics (its first run with the artifact is drawn)."""
+    return [row.run_ids for row in results.rows if any(m.startswith("probe/") for m in row.stats)]
+
+
+def _rel(path: Path, out: Path) -> str:
+    return path.relative_to(out).as_posix()
+
+
+def _image(path_list: list[Path], out: Path, alt: str) -> str:
+    png = next((p for p in path_list if p.suffix == ".png"), None)
+    svg = next((p for p in path_list if p.suffix == ".svg"), None)
+    if png is None:
+        return ""
+    extra = f" ([SVG]({_rel(svg, out)}))" if svg else ""
+    return f"![{alt}]({_rel(png, out)}){extra}"
+
+
+def _values(series: pd.Series) -> list[str]:
+    return sorted({str(v) for v in series if str(v) not in ("", "nan", "None")}, key=_natural)
+
+
+def _natural(text: str) -> tuple:
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def _md_list(values: list[str], empty: str = "—") -> str:
+    return ", ".join(f"`{v}`" for v in values) if values else empty
+
+
+def _what_was_run(results: Results, experiments: Sequence[str], tracking_uri: str, filter_string: str) -> list[str]:
+    runs = results.runs
+    counts = runs["status"].value_counts().to_dict()
+    finished = runs[runs["status"] == "FINISHED"]
+    params = [p for p in finished["params"] if isinstance(p, dict)]
+    steps = sorted({p["max_steps"] for p in params if "max_steps" in p}, key=_natural)
+    corpora = sorted({p["data.corpus"] for p in params if "data.corpus" in p})
+    commits = _values(runs["git_commit"])
+    status = ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("FINISHED", "FAILED", "RUNNING", "KILLED"))
+    others = {s: c for s, c in counts.items() if s not in ("FINISHED", "FAILED", "RUNNING", "KILLED")}
+    status += "".join(f", {c} {s.lower()}" for s, c in others.items())
+    lines = [
+        f"* **Experiments**: {_md_list(sorted(runs['experiment'].unique()))}"
+        + (f", filter `{filter_string}`" if filter_string else ""),
+        f"* **Runs**: {len(runs)} ({status}); {len(results.rows)} rows in {len(results.blocks)} block{'s' if len(results.blocks) != 1 else ''}",
+        f"* **Presets**: {_md_list(_values(finished['preset']))}; **layouts**: {_md_list(_values(finished['layout']))}",
+        f"* **Schemes**: {_md_list(_values(finished['scheme']))}",
+    ]
+    slots = _values(finished["buffer_slots"])
+    if slots:
+        lines.append(f"* **B** (MeSH buffer slots): {_md_list(slots)}")
+    lines += [
+        f"* **Steps** (`max_steps`): {_md_list(steps, 'not logged')}; **seeds**: {_md_list(_values(finished['seed']))}",
+        f"* **Data**: {_md_list(corpora, 'not logged')}; validation sets: {_md_list(results.sets)}",
+    ]
+    if results.group_keys:
+        lines.append(f"* **Other settings that differ between rows**: {_md_list(results.group_keys)}")
+    dirty = any(c.endswith("-dirty") for c in commits)
+    lines.append(
+        f"* **Commit**: {_md_list([c[:12] + ('-dirty' if c.endswith('-dirty') else '') for c in commits], 'not logged')}"
+        + (" (uncommitted changes in the working tree)" if dirty else "")
+        + (" — **runs come from more than one commit**" if len(commits) > 1 else "")
+    )
+    lines.append(f"* **Store**: `{tracking_uri}`; key metric `{results.metric}`")
+    return lines
+
+
+def _headline(results: Results) -> list[str]:
+    """One line per block: the best row by the key metric and its deltas."""
+    metric = results.ppl_metric
+    lines = []
+    for block in results.blocks:
+        valued = [r for r in block.rows if metric in r.stats]
+        if len(valued) < 2:
+            continue
+        pick = min if results.lower_is_better else max
+        best = pick(valued, key=lambda r: r.stats[metric].mean)
+        stat = best.stats[metric]
+        scale, unit = (100.0, "%") if tables.is_accuracy(metric) else (1.0, "")
+        decimals = tables.decimals_for(metric, stat.mean)
+        line = (
+            f"* {markdown_escape(block.name)}: best `{best.label}`, {results.metric_label} {stat.text(decimals, scale)}"
+        )
+        for scheme in ("vanilla", "base"):
+            reference = block.reference(best, scheme, same_layout=scheme == "base")
+            if reference is not None and reference is not best and metric in reference.stats:
+                delta = (stat.mean - reference.stats[metric].mean) * scale
+                line += f"; {delta:+.{decimals}f}{' points' if unit else ''} vs {scheme}"
+        lines.append(line)
+    return lines
+
+
+def _run_table(runs: pd.DataFrame, note_column: str) -> list[str]:
+    lines = ["| run | experiment | preset | scheme | layout | B | seed | note |", "|---|---|---|---|---|---|---|---|"]
+    for _, run in runs.iterrows():
+        note = str(run.get(note_column) or run.get("pruned") or "").splitlines()
+        note_text = markdown_escape((note[0] if note else "")[:200])
+        cells = [run["run_name"] or run["run_id"], run["experiment"], run["preset"], run["scheme"], run["layout"]]
+        cells += [run["buffer_slots"], run["seed"]]
+        lines.append("| " + " | ".join(markdown_escape(str(c)) for c in cells) + f" | {note_text} |")
+    return lines
+
+
+def _honesty(results: Results) -> list[str]:
+    runs = results.runs
+    lines = [
+        "## What the numbers are, and what was left out",
+        "",
+        "* Only FINISHED runs are averaged. Each cell is the mean ± the **sample** standard deviation (ddof=1) "
+        "over the seeds of its row, with n the number of runs averaged.",
+    ]
+    rows = results.rows
+    single = [r for r in rows if r.n == 1]
+    if single:
+        lines.append(
+            f"* **single seed: no spread shown** for {len(single)} of {len(rows)} rows "
+            f"({', '.join(f'`{r.label}`' for r in single[:12])}{', ...' if len(single) > 12 else ''})."
+        )
+    counts = sorted({r.n for r in rows})
+    if counts:
+        lines.append(f"* Seeds per row: {', '.join(f'n={n}: {sum(r.n == n for r in rows)} rows' for n in counts)}.")
+    uneven = []
+    for row in rows:
+        ns = {m: s.n for m, s in row.stats.items() if not m.startswith(("params_", "flops", "data_", "epoch"))}
+        if ns and min(ns.values()) < row.n:
+            short = sorted(m for m, n in ns.items() if n < row.n and not m.startswith("probe/"))
+            if short:
+                uneven.append(f"`{row.label}`: {', '.join(f'`{m}`' for m in short[:6])}")
+    if uneven:
+        lines.append("* Metrics logged by only some of a row's runs (their n is smaller): " + "; ".join(uneven) + ".")
+    for status, title, column in (
+        ("FAILED", "Failed runs", "error"),
+        ("RUNNING", "Unfinished runs (status RUNNING: still running, or stopped without closing)", "error"),
+        ("KILLED", "Killed runs (interrupted, or pruned by the search)", "pruned"),
+    ):
+        subset = runs[runs["status"] == status]
+        lines += ["", f"### {title}: {len(subset)}", ""]
+        if len(subset):
+            lines += ["Not averaged into any cell.", "", *_run_table(subset, column)]
+        else:
+            lines.append("None.")
+    other = runs[~runs["status"].isin(["FINISHED", "FAILED", "RUNNING", "KILLED"])]
+    if len(other):
+        lines += ["", f"### Runs in other states: {len(other)}", "", *_run_table(other, "error")]
+    return lines
+
+
+def render_report(
+    *,
+    name: str,
+    experiments: Sequence[str],
+    tracking_uri: str,
+    filter_string: str,
+    results: Results,
+    main: tables.Table,
+    probes: tables.Table | None,
+    output: Output,
+    probe_figures: dict[str, dict[str, list[Path]]],
+    probe_seeds: dict[str, str],
+) -> str:
+    out = output.out_dir
+    stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    lines = [
+        f"# Results: {markdown_escape(name)}",
+        "",
+        f"Generated by `mesh-results` on {stamp} from the MLflow store. Tables: "
+        + ", ".join(f"[{p.name}]({_rel(p, out)})" for p in output.tables)
+        + (f"; every run: [{output.runs_csv.name}]({_rel(output.runs_csv, out)})" if output.runs_csv else "")
+        + ".",
+        "",
+        "## What was run",
+        "",
+        *_what_was_run(results, experiments, tracking_uri, filter_string),
+    ]
+    headline = _headline(results)
+    if headline:
+        lines += ["", "## In short", "", *headline]
+    lines += ["", "## Main table", ""]
+    if results.rows:
+        lines.append(tables.to_markdown(main, heading="###").rstrip())
+        if not any(row.paper for row in results.rows):
+            lines += ["", "No row matches a row of the paper (same preset, scheme and layout), so no paper column."]
+    else:
+        lines.append("No finished run: nothing to tabulate.")
+
+    figure_lines = []
+    for key, alt, caption in (
+        ("ppl_vs_params", "PPL vs non-embedding parameters", "PPL against non-embedding parameters (% of vanilla)."),
+        ("buffer_slots", "PPL vs B", "MeSH: PPL against the number of buffer slots B (error bars: sample std)."),
+        ("train_loss", "training loss", "Training loss, mean over seeds (band: ± sample std where n ≥ 2)."),
+    ):
+        image = _image(output.figures.get(key, []), out, alt)
+        if image:
+            figure_lines += [f"**{caption}**", "", image, ""]
+    if figure_lines:
+        lines += ["", "## Figures", "", *figure_lines]
+        lines.pop()
+
+    if probes is not None or probe_figures:
+        lines += ["", "## Probes", ""]
+        if probes is not None:
+            lines.append(tables.to_markdown(probes, heading="###").rstrip())
+        for block, paths in probe_figures.items():
+            drawn = ", ".join(
+                f"`{label}` seed {seed}" for label, seed in probe_seeds.items() if label in _labels(results, block)
+            )
+            lines += ["", f"### Probe figures: {markdown_escape(block)}", "", f"One run per row ({drawn}).", ""]
+            for kind, alt in (("updates", "update magnitude"), ("cka_rbf", "CKA (RBF)"), ("spectra", "spectra")):
+                if kind in paths:
+                    lines += [_image(paths[kind], out, alt), ""]
+            if "cka_linear" in paths:
+                png = next(p for p in paths["cka_linear"] if p.suffix == ".png")
+                lines.append(f"Linear CKA: [{png.name}]({_rel(png, out)})")
+    lines += ["", *_honesty(results)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _labels(results: Results, block_name: str) -> set[str]:
+    return {r.label for b in results.blocks if b.name == block_name for r in b.rows}
+
+
+__all__ = ["Output", "build_report", "render_report"]

@@ -1,0 +1,308 @@
+"""mesh-results: tables, plots and report from runs read back out of MLflow.
+
+Two stores: one with synthetic runs logged through MlflowClient (paper-scale rows, known values,
+FAILED / RUNNING / KILLED runs), one from a real two-seed tiny sweep (base and mesh).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+from mlflow.entities import Metric, Param
+
+from results.cli import main
+from results.paper import load_paper_numbers, paper_values
+from results.tables import Stat, latex_escape
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# (preset, scheme, layout, B, PPL per seed, 0-shot fraction per seed or None)
+SYNTHETIC = [
+    ("pythia-410m", "vanilla", "24", "", [9.05, 9.07, 9.09], [0.4387, 0.4390, 0.4384]),
+    ("pythia-410m", "base", "4+8R2+4", "", [9.30, 9.31, 9.32], [0.4326, 0.4330, 0.4320]),
+    ("pythia-410m", "mesh", "4+8R2+4", "5", [9.02, 9.04], [0.4412, 0.4420]),
+    ("pythia-410m", "mesh", "4+8R2+4", "4", [9.10, 9.12], None),
+    ("pythia-410m", "mesh", "4+8R2+4", "3", [9.13], None),
+    ("pythia-410m", "anchor+anchor_emb", "4+8R2+4", "", [9.17], None),
+    ("tiny", "base", "1+2R2+1", "", [1500.0, 1510.0], None),
+]
+PARAMS = {"vanilla": 302_309_376, "base": 201_541_632, "mesh": 201_572_382, "anchor+anchor_emb": 201_541_632}
+TINY_PARAMS = 200_064
+
+
+def _log(client, experiment_id, tags, params, metrics, status="FINISHED", name=None):
+    """One run: ``metrics`` maps a key to a value (step 0) or to [(step, value), ...]."""
+    run = client.create_run(experiment_id, tags={"mlflow.runName": name or "run", **tags}, run_name=name)
+    run_id = run.info.run_id
+    now = int(time.time() * 1000)
+    items = []
+    for key, value in metrics.items():
+        for step, v in value if isinstance(value, list) else [(0, value)]:
+            items.append(Metric(key, float(v), now + step, step))
+    client.log_batch(run_id, metrics=items, params=[Param(k, str(v)) for k, v in params.items()])
+    if status != "RUNNING":
+        client.set_terminated(run_id, status)
+    return run_id
+
+
+def _cell_metrics(scheme, preset, ppl, zero_shot):
+    pct = 100.0 if scheme == "vanilla" else 100.0 * PARAMS[scheme] / PARAMS["vanilla"]
+    params = TINY_PARAMS if preset == "tiny" else PARAMS[scheme]
+    metrics = {
+        # an early validation with a different value: the table must use the last step's
+        "val/pile/loss": [(100, 3.0), (200, math.log(ppl))],
+        "val/pile/ppl": [(100, math.exp(3.0)), (200, ppl)],
+        "val_loss": [(200, math.log(ppl))],
+        "params_non_embedding": params,
+        "params_pct_of_vanilla": 66.67 if preset == "tiny" else pct,
+        "train/loss": [(s, 8.0 - s / 50 + ppl / 1000) for s in (10, 20, 30, 40, 50)],
+        "probe/update/core1/mean": 0.5,
+    }
+    if zero_shot is not None:
+        metrics["eval/0shot/avg"] = zero_shot
+        metrics["eval/5shot/avg"] = zero_shot + 0.01
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A sqlite store with the SYNTHETIC cells, one FAILED, one RUNNING and one pruned (KILLED) run."""
+    root = tmp_path_factory.mktemp("synthetic")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment_id = client.create_experiment("synthetic", artifact_location=(root / "artifacts").as_uri())
+    parent = _log(client, experiment_id, {"kind": "sweep", "sweep": "synthetic"}, {}, {}, name="sweep:synthetic")
+    for preset, scheme, layout, slots, ppls, zero_shots in SYNTHETIC:
+        for seed, ppl in enumerate(ppls):
+            tags = {"scheme": scheme, "layout": layout, "preset": preset, "seed": str(seed), "buffer_slots": slots}
+            tags.update({"config_hash": f"h{seed}", "git_commit": "abc123", "mlflow.parentRunId": parent})
+            params = {"model": preset, "scheme": scheme, "seed": seed, "data.corpus": "pile", "max_steps": 200}
+            metrics = _cell_metrics(scheme, preset, ppl, zero_shots[seed] if zero_shots else None)
+            _log(client, experiment_id, tags, params, metrics, name=f"{preset}-{layout}-{scheme}{slots}-s{seed}")
+    broken = {"scheme": "base", "layout": "4+8R2+4", "preset": "pythia-410m", "buffer_slots": "", "seed": "3"}
+    params = {"model": "pythia-410m", "scheme": "base", "seed": 3, "data.corpus": "pile", "max_steps": 200}
+    wild = _cell_metrics("base", "pythia-410m", 1000.0, 0.9)
+    _log(client, experiment_id, {**broken, "error": "RuntimeError: loss is nan"}, params, wild, "FAILED", "failed-run")
+    _log(client, experiment_id, {**broken, "seed": "4"}, {**params, "seed": 4}, wild, "RUNNING", "unfinished-run")
+    pruned = {**broken, "seed": "5", "pruned": "TrialPruned: step 100"}
+    _log(client, experiment_id, pruned, {**params, "seed": 5}, wild, "KILLED", "pruned-run")
+    out = root / "out"
+    assert main(["synthetic", "--tracking-uri", uri, "--out", str(out)]) == 0
+    return out
+
+
+def _block_rows(markdown: str, block: str) -> dict[str, list[str]]:
+    """'scheme layout B' -> the cells of that row, in the table of ``block``."""
+    section = markdown.split(f"### {block}\n", 1)[1].lstrip("\n").split("\n\n", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        row = dict(zip(header, cells, strict=True))
+        rows[" ".join(filter(None, [row["scheme"].replace("\\", ""), row["layout"], row.get("B", "")]))] = cells
+    return {"header": header, **rows}
+
+
+def test_table_numbers_equal_the_logged_ones(synthetic):
+    table = pd.read_csv(synthetic / "table.csv", dtype={"buffer_slots": str})
+    table["buffer_slots"] = table["buffer_slots"].fillna("")
+    for preset, scheme, _, slots, ppls, zero_shots in SYNTHETIC:
+        selected = table[(table.preset == preset) & (table.scheme == scheme) & (table.buffer_slots == slots)]
+        assert len(selected) == 1
+        row = selected.iloc[0]
+        assert row["n_runs"] == len(ppls)  # the FAILED / RUNNING / KILLED base runs are not averaged in
+        assert row["val/pile/ppl_mean"] == pytest.approx(statistics.fmean(ppls), abs=1e-9)
+        if len(ppls) > 1:
+            assert row["val/pile/ppl_std"] == pytest.approx(statistics.stdev(ppls), abs=1e-9)
+        else:
+            assert math.isnan(row["val/pile/ppl_std"])
+        assert row["val/pile/loss_mean"] == pytest.approx(statistics.fmean(math.log(p) for p in ppls), abs=1e-9)
+        assert row["val/pile/ppl_n"] == len(ppls)
+        if zero_shots:
+            assert row["eval/0shot/avg_pct_mean"] == pytest.approx(100 * statistics.fmean(zero_shots))
+            assert row["eval/0shot/avg_pct_std"] == pytest.approx(100 * statistics.stdev(zero_shots))
+    mesh = table[(table.scheme == "mesh") & (table.buffer_slots == "5")].iloc[0]
+    assert mesh["delta_val_ppl_vs_vanilla"] == pytest.approx(9.03 - 9.07)
+    assert mesh["delta_val_ppl_vs_base"] == pytest.approx(9.03 - 9.31)
+    assert mesh["params_non_embedding"] == PARAMS["mesh"]
+
+
+def test_cells_show_mean_std_and_n(synthetic):
+    rows = _block_rows((synthetic / "table.md").read_text(), "pythia-410m, compute depth 24")
+    column = rows["header"].index("PPL (pile)")
+    assert rows["vanilla 24"][column] == "<u>9.070 ± 0.020 (n=3)</u>"
+    assert rows["anchor+anchor_emb 4+8R2+4"][column] == "9.170 (n=1)"  # one seed: no ±
+    assert rows["base 4+8R2+4"][rows["header"].index("vs vanilla")] == "-33.3%"
+    assert rows["vanilla 24"][rows["header"].index("vs vanilla")] == "100%"
+    assert "single seed: no spread shown" in (synthetic / "report.md").read_text()
+    assert "ddof=1" in (synthetic / "report.md").read_text()
+
+
+def test_best_is_bold_and_second_underlined_per_block(synthetic):
+    rows = _block_rows((synthetic / "table.md").read_text(), "pythia-410m, compute depth 24")
+    header = rows["header"]
+    for name, better_first, second in (
+        ("PPL (pile)", "mesh 4+8R2+4 5", "vanilla 24"),
+        ("loss (pile)", "mesh 4+8R2+4 5", "vanilla 24"),
+        ("0-shot avg (%)", "mesh 4+8R2+4 5", "vanilla 24"),  # higher is better
+    ):
+        column = header.index(name)
+        marked = {key: cells[column] for key, cells in rows.items() if key != "header"}
+        assert [k for k, v in marked.items() if v.startswith("**")] == [better_first], name
+        assert [k for k, v in marked.items() if v.startswith("<u>")] == [second], name
+    # the tiny block has its own ranking (one row: nothing to mark)
+    tiny = _block_rows((synthetic / "table.md").read_text(), "tiny, compute depth 6")
+    assert "**" not in " ".join(tiny["base 1+2R2+1"])
+
+
+def test_paper_number_beside_the_matching_row(synthetic):
+    rows = _block_rows((synthetic / "table.md").read_text(), "pythia-410m, compute depth 24")
+    header = rows["header"]
+    paper = header.index("paper PPL")
+    assert header[paper - 1] == "PPL (pile)"
+    assert rows["base 4+8R2+4"][paper] == "9.31"
+    assert rows["vanilla 24"][paper] == "9.07"
+    assert rows["mesh 4+8R2+4 5"][paper] == "9.09"  # the headline table, default B = K + 3
+    assert rows["mesh 4+8R2+4 3"][paper] == "9.1231"  # the B ablation
+    assert rows["anchor+anchor_emb 4+8R2+4"][paper] == "9.1694"  # the skip-combination ablation
+    assert rows["base 4+8R2+4"][header.index("paper 0-shot")] == "43.26"
+    tiny = _block_rows((synthetic / "table.md").read_text(), "tiny, compute depth 6")
+    assert tiny["base 1+2R2+1"][tiny["header"].index("paper PPL")] == ""  # no paper row for CPU presets
+
+
+def test_paper_numbers_come_from_the_data_file(tmp_path):
+    rows = load_paper_numbers()
+    assert paper_values(rows, "pythia-410m", "base", "4+8R2+4", "")["ppl"].text == "9.31"
+    assert paper_values(rows, "pythia-410m", "base", "4+8R2+4", "", prefer=("skip_combos",))["ppl"].text == "9.3542"
+    assert paper_values(rows, "pythia-1b", "anchor*", "3+5R2+3", "")["0shot"].value == 46.85
+    assert paper_values(rows, "tiny", "base", "1+2R2+1", "") == {}
+    other = tmp_path / "numbers.csv"
+    other.write_text(
+        "source,table,preset,scheme,layout,buffer_slots,loss,ppl,0shot,5shot,note\nx,t,tiny,base,1+2R2+1,,,1.5,,,\n"
+    )
+    assert paper_values(load_paper_numbers(other), "tiny", "base", "1+2R2+1", "")["ppl"].value == 1.5
+
+
+def _strip_escaped_braces(tex: str) -> str:
+    return tex.replace(r"\{", "").replace(r"\}", "")
+
+
+def test_latex_is_well_formed(synthetic):
+    tex = (synthetic / "table.tex").read_text()
+    body = _strip_escaped_braces(tex)
+    assert body.count("{") == body.count("}")
+    assert tex.count(r"\toprule") == 1 and tex.count(r"\bottomrule") == 1
+    assert tex.count(r"\midrule") == 2  # one per block
+    assert r"anchor+anchor\_emb" in tex and r"-33.3\%" in tex and r"0-shot avg (\%)" in tex
+    assert r"\textbf{9.030 $\pm$ 0.014 (n=2)}" in tex
+    assert r"\underline{9.070 $\pm$ 0.020 (n=3)}" in tex
+    for line in tex.splitlines()[1:]:  # below the comment line: every special character escaped
+        bare = line
+        for escaped in (r"$\pm$", r"$\Delta$", r"\_", r"\%", r"\&", r"\#", r"\$"):
+            bare = bare.replace(escaped, "")
+        assert not re.search(r"[_%#$]", bare), line
+        assert bare.count("&") == len(re.findall(r"(?<!\\)&", line)), line
+    assert r"\begin{tabular}" in tex and r"\end{tabular}" in tex
+    rows = [line for line in tex.splitlines() if line.endswith(r"\\")]
+    widths = {len(re.split(r"(?<!\\)&", line)) for line in rows}
+    assert len(widths) == 1  # every row has as many cells as the header
+
+
+def test_latex_escape_every_special():
+    assert latex_escape(r"a_b%c&d#e$f{g}h~i^j\k") == (
+        r"a\_b\%c\&d\#e\$f\{g\}h\textasciitilde{}i\textasciicircum{}j\textbackslash{}k"
+    )
+    assert latex_escape("1.0 ± 0.1") == r"1.0 $\pm$ 0.1"
+
+
+def test_stat_sample_std():
+    stat = Stat((1.0, 2.0, 4.0))
+    assert stat.std == pytest.approx(statistics.stdev([1.0, 2.0, 4.0]))  # ddof=1
+    assert Stat((3.0,)).text(2) == "3.00 (n=1)"
+
+
+def test_failed_and_unfinished_runs_are_listed_not_averaged(synthetic):
+    report = (synthetic / "report.md").read_text()
+    failed = report.split("### Failed runs: 1", 1)[1].split("###", 1)[0]
+    assert "failed-run" in failed and "RuntimeError: loss is nan" in failed
+    assert "unfinished-run" in report.split("### Unfinished runs", 1)[1].split("###", 1)[0]
+    killed = report.split("### Killed runs", 1)[1]
+    assert "pruned-run" in killed and "TrialPruned" in killed
+    assert "sweep:synthetic" not in report  # the parent run is not a cell
+    runs = pd.read_csv(synthetic / "runs.csv")
+    assert sorted(runs.status.unique()) == ["FAILED", "FINISHED", "KILLED", "RUNNING"]
+
+
+def _assert_image(path: Path) -> None:
+    assert path.exists(), path
+    assert path.stat().st_size > 1024
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    assert path.with_suffix(".svg").stat().st_size > 1024
+
+
+def test_plots_exist(synthetic):
+    for name in ("ppl_vs_params", "buffer_slots", "train_loss"):
+        _assert_image(synthetic / "figures" / f"{name}.png")
+    report = (synthetic / "report.md").read_text()
+    assert "](figures/buffer_slots.png)" in report and "](figures/ppl_vs_params.png)" in report
+
+
+def test_cli_errors(tmp_path, synthetic, capsys):
+    assert main(["nope", "--runs-dir", str(tmp_path)]) == 2
+    assert "no MLflow store" in capsys.readouterr().err
+    uri = f"sqlite:///{synthetic.parent / 'mlflow.db'}"
+    assert main(["nope", "--tracking-uri", uri, "--out", str(tmp_path / "x")]) == 2
+    assert "known: synthetic" in capsys.readouterr().err
+    assert main(["synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "x"), "--metric", "val/x/loss"]) == 2
+    assert "val/pile/loss" in capsys.readouterr().err
+    filtered = tmp_path / "tiny"
+    assert main(["--filter", "tags.preset = 'tiny'", "--tracking-uri", uri, "--out", str(filtered)]) == 0
+    table = pd.read_csv(filtered / "table.csv")
+    assert list(table.preset) == ["tiny"]
+
+
+# ---------------------------------------------------------------- a real sweep
+
+TRAIN = ["max_steps=6", "val_every=3", "log_every=2", "checkpoint_every=3", "data.seq_len=32", "data.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from experiments.sweep import run_sweep
+
+    runs = tmp_path_factory.mktemp("trained")
+    assert run_sweep("schemes", ["scheme=base,mesh", "seeds=2", *TRAIN, "data.val_batches=1", f"runs_dir={runs}"]) == 0
+    out = runs / "results"
+    assert main(["schemes", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    return runs, out
+
+
+def test_real_sweep_tables_match_mlflow(trained):
+    runs, out = trained
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("schemes")
+    logged: dict[str, list[float]] = {}
+    for run in client.search_runs([experiment.experiment_id], "tags.kind != 'sweep'"):
+        logged.setdefault(run.data.tags["scheme"], []).append(run.data.metrics["val/shakespeare/ppl"])
+    table = pd.read_csv(out / "table.csv")
+    assert sorted(table.scheme) == ["base", "mesh"]
+    for scheme, values in logged.items():
+        row = table[table.scheme == scheme].iloc[0]
+        assert row["n_runs"] == 2 and row["seeds"] == "0 1"
+        assert row["val/shakespeare/ppl_mean"] == pytest.approx(statistics.fmean(values))
+        assert row["val/shakespeare/ppl_std"] == pytest.approx(statistics.stdev(values))
+    report = (out / "report.md").read_text()
+    assert "**Commit**" in report and "`tiny`" in report
+    _assert_image(out / "figures" / "train_loss.png")
+    probes = out / "figures" / "probes" / "tiny_compute_depth_6"
+    for kind in ("updates", "cka_rbf", "cka_linear", "spectra"):
+        _assert_image(probes / f"probe_compare_{kind}.png")
+    assert "core balance" in (out / "probes.md").read_text()
