@@ -1,0 +1,112 @@
+"""Training-step time and peak memory, as ratios measured in one run on this machine.
+
+    .venv/bin/python benchmarks/step_time.py            # 3 sizes x seq 256/512/1024, every scheme
+    .venv/bin/python benchmarks/step_time.py --quick    # fewer cells
+
+1. Our vanilla model against transformers' GPTNeoXForCausalLM with identical shapes and weights
+   (``to_hf_gpt_neox``): forward + backward + AdamW step.
+2. Every state-passing scheme against ``base`` at the same layout: MeSH's real overhead.
+
+Each cell runs in a fresh spawned process, so peak memory is that process's peak RSS growth
+over its state after building the model and optimizer (activations, gradients, optimizer
+state); times are the median of the measured steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import platform
+import resource
+import statistics
+import sys
+import time
+
+SIZES = {"tiny": "6", "mini": "12", "small": "12"}
+SCHEMES = ("base", "residual", "anchor", "anchor_emb", "static", "dynamic", "mesh")
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(kind: str, preset: str, layout: str, scheme: str, seq: int, batch: int, steps: int) -> tuple[float, float]:
+    """(median seconds per step, peak RSS growth in MB) of one configuration, in this process."""
+    import torch
+
+    from mesh_model import ModelConfig, build_model, to_hf_gpt_neox
+
+    torch.manual_seed(0)
+    layout_override = {"layout": layout} if layout else {}
+    config = ModelConfig.from_preset(preset, scheme=scheme, max_seq_len=max(seq, 256), **layout_override)
+    model = build_model(config.replace(scale_embeddings=False) if kind == "hf" else config)
+    if kind == "hf":
+        model = to_hf_gpt_neox(model).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    base_rss = _rss_mb()
+    times = []
+    for step in range(steps + 2):
+        start = time.perf_counter()
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step >= 2:  # two warm-up steps
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), _rss_mb() - base_rss
+
+
+def in_fresh_process(*args) -> tuple[float, float]:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(measure, args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=4)
+    args = parser.parse_args()
+    import torch
+
+    seqs = (256, 512) if args.quick else (256, 512, 1024)
+    sizes = ("tiny", "mini") if args.quick else tuple(SIZES)
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}"
+    )
+    print(
+        f"# command: {sys.executable} benchmarks/step_time.py {'--quick ' if args.quick else ''}--steps {args.steps} --batch {args.batch}"
+    )
+    print("\n## Vanilla: ours vs transformers GPTNeoXForCausalLM (same shapes and weights)\n")
+    print(
+        "| preset | layers | seq | ours ms/step | HF ms/step | time ours/HF | ours peak MB | HF peak MB | memory ours/HF |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for preset in sizes:
+        for seq in seqs:
+            ours = in_fresh_process("ours", preset, SIZES[preset], "base", seq, args.batch, args.steps)
+            hf = in_fresh_process("hf", preset, SIZES[preset], "base", seq, args.batch, args.steps)
+            print(
+                f"| {preset} | {SIZES[preset]} | {seq} | {ours[0] * 1e3:.1f} | {hf[0] * 1e3:.1f} | {ours[0] / hf[0]:.3f} "
+                f"| {ours[1]:.0f} | {hf[1]:.0f} | {ours[1] / max(hf[1], 1e-9):.3f} |"
+            )
+    print("\n## Every scheme against base at the preset's layout\n")
+    print("| preset | seq | scheme | ms/step | time / base | peak MB | memory / base |")
+    print("|---|---|---|---|---|---|---|")
+    for preset in sizes[-1:]:
+        seq = seqs[-1]
+        base = in_fresh_process("ours", preset, None, "base", seq, args.batch, args.steps)
+        for scheme in SCHEMES:
+            t, m = (
+                base
+                if scheme == "base"
+                else in_fresh_process("ours", preset, None, scheme, seq, args.batch, args.steps)
+            )
+            print(
+                f"| {preset} | {seq} | {scheme} | {t * 1e3:.1f} | {t / base[0]:.3f} | {m:.0f} | {m / max(base[1], 1e-9):.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
