@@ -162,7 +162,7 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     if dry_run:
         print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
         for cell, plan in zip(cells, plans, strict=True):
-            done = " [finished]" if (plan.run_dir / "result.json").exists() else ""
+            done = " [finished]" if plan.result_file.exists() else ""
             print(f"  {cell.index:3d}  {cell.label}{done}", file=out)
         return 0
 
@@ -173,9 +173,8 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     outcomes: dict[int, CellOutcome] = {}
     pending = []
     for cell, plan in zip(cells, plans, strict=True):
-        result_file = plan.run_dir / "result.json"
-        if result_file.exists():
-            outcomes[cell.index] = CellOutcome.from_result(cell, "SKIPPED", json.loads(result_file.read_text()))
+        if plan.result_file.exists():
+            outcomes[cell.index] = CellOutcome.from_result(cell, "SKIPPED", json.loads(plan.result_file.read_text()))
         else:
             extra = [f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
             pending.append(Cell(cell.index, [*cell.overrides, *extra], cell.label))

@@ -63,6 +63,11 @@ class RunPlan:
     config_hash: str
     run_dir: Path
 
+    @property
+    def result_file(self) -> Path:
+        """Written when the run finishes; its presence means the run is done."""
+        return self.run_dir / "result.json"
+
 
 def config_hash(config: dict[str, Any]) -> str:
     pruned = json.loads(json.dumps(config, default=str))
@@ -187,9 +192,8 @@ def _mlflow_run(plan: RunPlan, model_config: ModelConfig, client: Any) -> tuple[
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train (or resume, or return the finished result of) the run ``cfg`` describes."""
     plan = plan_run(cfg)
-    result_file = plan.run_dir / "result.json"
-    if plan.config["resume"] and result_file.exists():
-        result = json.loads(result_file.read_text())
+    if plan.config["resume"] and plan.result_file.exists():
+        result = json.loads(plan.result_file.read_text())
         print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
         return result
     with isolated_tracking_uri():
@@ -197,7 +201,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _train(plan: RunPlan) -> dict[str, Any]:
-    result_file = plan.run_dir / "result.json"
 
     from experiments.data.prepare import prepare
 
@@ -304,7 +307,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
     if lead:
         client.log_metric(run_id, "val_loss", result["val_loss"], step=trainer.global_step)
         client.set_terminated(run_id, "FINISHED")
-        result_file.write_text(json.dumps(result, indent=2))
+        plan.result_file.write_text(json.dumps(result, indent=2))
     return result
 
 
