@@ -114,7 +114,8 @@ class TrainConfig:
     checkpoint_every: int = 50
     runs_dir: str = "runs"
     resume: bool = True
-    compile: bool = False
+    compile: bool = False  # torch.compile the model (one graph: the loop does not recompile)
+    activation_checkpointing: bool = False  # recompute each core iteration in backward
 
 
 TRAINERS = {

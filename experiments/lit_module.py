@@ -39,12 +39,13 @@ class MeshLitModule(pl.LightningModule):
         max_steps: int,
         val_names: list[str],
         compile: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optim"])
         self.optim = optim
         self.config = ModelConfig(**model_config)
-        self.model = build_model(self.config)
+        self.model = build_model(self.config, activation_checkpointing=activation_checkpointing)
         self.forward_model = torch.compile(self.model) if compile else self.model
         self.peak_lr = peak_lr
         self.max_steps = max_steps
@@ -57,7 +58,8 @@ class MeshLitModule(pl.LightningModule):
         return self.forward_model(input_ids).logits
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        loss = self.forward_model(batch, labels=batch).loss
+        # The loss straight from the hidden states: the full logits are never built (mesh_model.loss).
+        loss = self.forward_model(batch, labels=batch, return_logits=False).loss
         self.log("train/loss", loss, prog_bar=True)
         self.log("lr", self.optimizers().param_groups[0]["lr"])
         self._tokens_since += batch.numel()
@@ -77,7 +79,7 @@ class MeshLitModule(pl.LightningModule):
         self._val_sums = {}
 
     def validation_step(self, batch: Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
-        loss = self.forward_model(batch, labels=batch).loss
+        loss = self.forward_model(batch, labels=batch, return_logits=False).loss
         sums = self._val_sums.setdefault(dataloader_idx, [0.0, 0])
         sums[0] += loss.item() * batch.shape[0]
         sums[1] += batch.shape[0]

@@ -15,8 +15,9 @@ import hashlib
 import json
 import os
 import sys
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,17 @@ from mesh_model import PRESETS, ConfigError, ModelConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Keys that change where a run is logged or how fast it loads data, not what it computes.
-HASH_EXCLUDED = ("tracking", "runs_dir", "resume", "data.num_workers", "data.cache_dir", "probes", "search")
+# Keys that do not change what a run computes (activation checkpointing recomputes the same math).
+HASH_EXCLUDED = (
+    "tracking",
+    "runs_dir",
+    "resume",
+    "data.num_workers",
+    "data.cache_dir",
+    "probes",
+    "search",
+    "activation_checkpointing",
+)
 
 
 class InputError(ValueError):
@@ -196,11 +207,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         result = json.loads(plan.result_file.read_text())
         print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
         return result
+    started = time.perf_counter()
     with isolated_tracking_uri():
-        return _train(plan)
+        return _train(plan, started)
 
 
-def _train(plan: RunPlan) -> dict[str, Any]:
+def _train(plan: RunPlan, started: float) -> dict[str, Any]:
 
     from experiments.data.prepare import prepare
 
@@ -219,6 +231,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
     from experiments.data.datamodule import TokenDataModule
     from experiments.lit_module import MeshLitModule
     from experiments.probing import probe_callbacks
+    from experiments.timing import RunTimer
     from mesh_model import count_parameters
 
     model_config = model_config_for(plan.config, padded_vocab(prepared.vocab_size))
@@ -247,6 +260,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             max_steps=plan.config["max_steps"],
             val_names=val_names,
             compile=plan.config["compile"],
+            activation_checkpointing=plan.config["activation_checkpointing"],
         )
         if is_new:
             _log_run_facts(client, run_id, plan, model_config, count_parameters(module.model), prepared)
@@ -261,6 +275,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             save_top_k=1,
             auto_insert_metric_name=False,
         )
+        timer = RunTimer(started)
         trainer = pl.Trainer(
             plugins=_cluster_plugins(),
             accelerator=plan.trainer.accelerator,
@@ -276,6 +291,7 @@ def _train(plan: RunPlan) -> dict[str, Any]:
             gradient_clip_val=plan.optim.grad_clip,
             logger=logger,
             callbacks=[
+                timer,
                 checkpoint,
                 *probe_callbacks(plan.config["probes"], plan.run_dir),
                 *_search_callbacks(plan, val_names),
@@ -306,6 +322,16 @@ def _train(plan: RunPlan) -> dict[str, Any]:
     }
     if lead:
         client.log_metric(run_id, "val_loss", result["val_loss"], step=trainer.global_step)
+        from mlflow.entities import Metric
+
+        timing = timer.finish()
+        result["timing"] = asdict(timing)
+        client.log_batch(
+            run_id,
+            metrics=[
+                Metric(k, v, int(time.time() * 1000), trainer.global_step) for k, v in timing.as_metrics().items()
+            ],
+        )
         client.set_terminated(run_id, "FINISHED")
         plan.result_file.write_text(json.dumps(result, indent=2))
     return result

@@ -5,32 +5,40 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from mesh_model.config import ModelConfig
 from mesh_model.layers import Block, Stack, rotary_tables
+from mesh_model.loss import IGNORE_INDEX, linear_cross_entropy, shifted_targets
 from mesh_model.schemes import StatePassing, build_state_passing
 
 
 @dataclass
 class ModelOutput:
-    """``loss`` is the mean next-token cross-entropy when labels were given.
+    """``loss`` is the mean next-token cross-entropy when labels were given; ``logits`` is None
+    when the forward pass was asked for the loss only (``return_logits=False``).
 
     ``hidden_states`` (when asked for) maps stage names to (N, L, D) tensors in order:
     ``embedding`` (h_emb), ``prelude``, ``h0`` .. ``hK``, ``coda`` (before the final LayerNorm).
     A vanilla layout has ``embedding``, ``prelude`` (all its layers) and ``coda``.
     """
 
-    logits: Tensor
+    logits: Tensor | None
     loss: Tensor | None = None
     hidden_states: dict[str, Tensor] | None = None
 
 
 class MeshTransformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """``activation_checkpointing``: recompute each core iteration in backward instead of keeping
+    its activations (memory of one iteration instead of K); the math is unchanged."""
+
+    def __init__(self, config: ModelConfig, activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.config = config
+        self.activation_checkpointing = activation_checkpointing
         layout = config.parsed_layout
         d, heads, hidden = config.d_model, config.n_heads, config.mlp_ratio * config.d_model
 
@@ -82,7 +90,11 @@ class MeshTransformer(nn.Module):
         input_ids: Tensor,
         labels: Tensor | None = None,
         return_hidden_states: bool = False,
+        return_logits: bool = True,
     ) -> ModelOutput:
+        """``labels`` (same shape as ``input_ids``, -100 ignored) give the shifted next-token loss.
+        With ``return_logits=False`` and labels, the loss comes from the hidden states in chunks
+        (:mod:`mesh_model.loss`) and the full logits are never formed: the training path."""
         seq_len = input_ids.shape[1]
         if seq_len > self.config.max_seq_len:
             raise ValueError(f"input length {seq_len} exceeds max_seq_len={self.config.max_seq_len}")
@@ -101,7 +113,7 @@ class MeshTransformer(nn.Module):
             if return_hidden_states:
                 stages["h0"] = state.h
             for t, core_index in enumerate(self.core_schedule):
-                state = self.state_passing.step(t, self.cores[core_index](state.h, rope), state)
+                state = self.state_passing.step(t, self._run_core(core_index, state.h, rope), state)
                 if return_hidden_states:
                     stages[f"h{t + 1}"] = state.h
             h = self.state_passing.end(state)
@@ -109,20 +121,29 @@ class MeshTransformer(nn.Module):
         h = self.coda(h, rope)
         if return_hidden_states:
             stages["coda"] = h
-        logits = self.embed_out(self.final_layer_norm(h))
+        h = self.final_layer_norm(h)
+        hidden_states = stages if return_hidden_states else None
+        if labels is not None and not return_logits:
+            loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed_out.weight, shifted_targets(labels))
+            return ModelOutput(logits=None, loss=loss, hidden_states=hidden_states)
+        logits = self.embed_out(h)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                labels[:, 1:].reshape(-1),
-                ignore_index=-100,
+                logits.reshape(-1, logits.shape[-1]).float(), shifted_targets(labels), ignore_index=IGNORE_INDEX
             )
-        return ModelOutput(logits=logits, loss=loss, hidden_states=stages if return_hidden_states else None)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden_states)
+
+    def _run_core(self, core_index: int, h: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        core = self.cores[core_index]
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(core, h, rope, use_reentrant=False)
+        return core(h, rope)
 
 
-def build_model(config: ModelConfig) -> MeshTransformer:
+def build_model(config: ModelConfig, activation_checkpointing: bool = False) -> MeshTransformer:
     """Build the model for ``config`` on the current default device (``torch.device('meta')`` works)."""
-    return MeshTransformer(config)
+    return MeshTransformer(config, activation_checkpointing=activation_checkpointing)
 
 
 __all__ = ["MeshTransformer", "ModelOutput", "build_model"]

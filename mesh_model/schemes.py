@@ -86,7 +86,10 @@ class LoopState:
     h: Tensor
     h_emb: Tensor
     h0: Tensor
-    buffer: Tensor | None = None  # MeSH slots, shape (B, N, L, D)
+    # MeSH: the values written so far (h_prelude, then every core output) and their per-token
+    # write weights (N, L, B); the slots themselves are never stored (see MeSH).
+    written: list[Tensor] = field(default_factory=list)
+    write_weights: list[Tensor] = field(default_factory=list)
 
 
 class StatePassing(nn.Module):
@@ -146,10 +149,19 @@ class DynamicCombination(StatePassing):
             nn.init.ones_(router.bias)
 
     def step(self, t: int, core_out: Tensor, state: LoopState) -> LoopState:
-        a = self.coefficient_routers[t](state.h).unsqueeze(-2)  # (N, L, 1, 3)
-        stacked = torch.stack((core_out, state.h0, state.h_emb), dim=-1)  # (N, L, D, 3)
-        state.h = (stacked * a).sum(-1)
+        a = self.coefficient_routers[t](state.h)  # (N, L, 3)
+        h = core_out * a[..., 0:1]
+        h = h.addcmul(state.h0, a[..., 1:2])
+        state.h = h.addcmul(state.h_emb, a[..., 2:3])
         return state
+
+
+def _routing(write: nn.Linear, read: nn.Linear, h: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax write and read weights over the slots, each (N, L, B), softmax in fp32."""
+    return (
+        torch.softmax(write(h).float(), dim=-1).to(h.dtype),
+        torch.softmax(read(h).float(), dim=-1).to(h.dtype),
+    )
 
 
 class MeSH(StatePassing):
@@ -161,6 +173,14 @@ class MeSH(StatePassing):
     f(h(t)) into the buffer with the write weights and reads h(t+1) from the updated buffer with
     the read weights. The read of the last step is the final read that feeds the coda, so there
     are K+1 write and K+1 read routers: 2(K+1)(D*B + B) parameters, as in the paper.
+
+    Memory-lean form. The buffer starts as [h_emb, 0, ..., 0] and only ever receives weighted
+    writes, so slot b after i writes is ``h_emb [b=0] + sum_s w_s[b] v_s``. A read with weights r
+    is therefore ``r[0] h_emb + sum_s (r . w_s) v_s``: per-token coefficients that are dot
+    products over B, applied to values autograd keeps alive anyway (h_prelude and the core
+    outputs). No (B, N, L, D) tensor is built, stored for backward or copied per step; the extra
+    activation memory is O(K * N * L * B) instead of O(K * B * N * L * D). ``MeSHExplicitBuffer``
+    is the direct formulation; tests hold the two equal.
     """
 
     def __init__(self, loops: int, d_model: int, slots: int, init_std: float) -> None:
@@ -177,25 +197,55 @@ class MeSH(StatePassing):
             nn.init.normal_(router.weight, std=self.init_std)
             nn.init.zeros_(router.bias)
 
-    @staticmethod
-    def _weights(router: nn.Linear, h: Tensor) -> Tensor:
-        """Softmax routing weights, shaped (B, N, L, 1) to broadcast over the buffer."""
-        return torch.softmax(router(h).float(), dim=-1).to(h.dtype).movedim(-1, 0).unsqueeze(-1)
-
-    def _write_read(self, index: int, h_in: Tensor, value: Tensor, buffer: Tensor) -> tuple[Tensor, Tensor]:
-        buffer = buffer + self._weights(self.write_routers[index], h_in) * value
-        h_out = (buffer * self._weights(self.read_routers[index], h_in)).sum(0)
-        return h_out, buffer
+    def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: LoopState) -> Tensor:
+        write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
+        state.written.append(value)
+        state.write_weights.append(write)
+        # coefficient of every written value in this read: r . w_s, shape (N, L, S)
+        coefficients = (torch.stack(state.write_weights, dim=-2) @ read.unsqueeze(-1)).squeeze(-1)
+        h = state.h_emb * read[..., 0:1]
+        for s, v in enumerate(state.written):
+            h = h.addcmul(v, coefficients[..., s : s + 1])
+        return h
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> LoopState:
-        buffer = torch.cat((h_emb.unsqueeze(0), h_emb.new_zeros(self.slots - 1, *h_emb.shape)))
-        h0, buffer = self._write_read(0, h_prelude, h_prelude, buffer)
-        return LoopState(h=h0, h_emb=h_emb, h0=h0, buffer=buffer)
+        state = LoopState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
+        state.h = state.h0 = self._write_read(0, h_prelude, h_prelude, state)
+        return state
 
     def step(self, t: int, core_out: Tensor, state: LoopState) -> LoopState:
-        assert state.buffer is not None
-        state.h, state.buffer = self._write_read(t + 1, state.h, core_out, state.buffer)
+        state.h = self._write_read(t + 1, state.h, core_out, state)
         return state
+
+    def buffer(self, state: LoopState) -> Tensor:
+        """The B slots as the direct formulation holds them, (B, N, L, D), for inspection."""
+        slots = torch.stack(
+            [w.movedim(-1, 0).unsqueeze(-1) * v for w, v in zip(state.write_weights, state.written, strict=True)]
+        )
+        slots = slots.sum(0)
+        slots[0] = slots[0] + state.h_emb
+        return slots
+
+
+class MeSHExplicitBuffer(MeSH):
+    """MeSH as the paper writes it: a (B, N, L, D) buffer updated and read at every step.
+
+    Not selectable by configuration: the reference that the lean form is tested against and
+    that ``benchmarks/step_time.py`` measures to show what the slots cost in activation memory.
+    """
+
+    def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: LoopState) -> Tensor:
+        write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
+        if not state.written:  # the buffer starts as [h_emb, 0, ..., 0]
+            state.written.append(
+                torch.cat((state.h_emb.unsqueeze(0), state.h_emb.new_zeros(self.slots - 1, *state.h_emb.shape)))
+            )
+        buffer = state.written[0] + write.movedim(-1, 0).unsqueeze(-1) * value
+        state.written[0] = buffer
+        return (buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0)
+
+    def buffer(self, state: LoopState) -> Tensor:
+        return state.written[0]
 
 
 def build_state_passing(spec: SchemeSpec, loops: int, d_model: int, slots: int | None, init_std: float) -> StatePassing:
@@ -223,6 +273,7 @@ __all__ = [
     "FixedSum",
     "LoopState",
     "MeSH",
+    "MeSHExplicitBuffer",
     "SchemeSpec",
     "StatePassing",
     "StaticCombination",

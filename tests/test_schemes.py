@@ -156,8 +156,10 @@ def test_mesh_buffer_starts_with_embedding_in_slot_zero_and_routers_see_the_ente
     for (_, index), routed_on in seen:  # step t routes on h(t), the state entering it
         torch.testing.assert_close(routed_on, entering[index], rtol=0, atol=0)
     state = mesh.begin(stages["embedding"], stages["prelude"])
-    assert state.buffer.shape == (5, 2, 12, 64)
+    buffer = mesh.buffer(state)
+    assert buffer.shape == (5, 2, 12, 64)
     torch.testing.assert_close(state.h, stages["h0"])
-    # Slot 0 = h_emb plus its share of the transitional write.
+    # Slot 0 = h_emb plus its share of the transitional write; the others hold only the write.
     w = torch.softmax(mesh.write_routers[0](stages["prelude"]), -1)
-    torch.testing.assert_close(state.buffer[0], stages["embedding"] + w[..., 0:1] * stages["prelude"])
+    torch.testing.assert_close(buffer[0], stages["embedding"] + w[..., 0:1] * stages["prelude"])
+    torch.testing.assert_close(buffer[3], w[..., 3:4] * stages["prelude"])

@@ -259,7 +259,7 @@ def test_ddp_on_two_cpu_processes_logs_one_run(tmp_path):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["nonexistent=1"], "error: 'nonexistent' is not a config key; known keys: buffer_slots"),
+        (["nonexistent=1"], "error: 'nonexistent' is not a config key; known keys: activation_checkpointing, buffer_slots"),
         (["data.seq_lenn=64"], "error: 'data.seq_lenn' is not a config key under 'data'; known keys: batch_size"),
         (
             ["data=wikipedia"],

@@ -1,0 +1,94 @@
+"""Next-token cross-entropy straight from the last hidden state, without the full logits.
+
+The (tokens, vocab) logits of a training batch are the largest activation of a small model and
+the softmax over them is pure memory traffic. ``linear_cross_entropy`` walks the tokens in chunks:
+for each chunk it forms the logits, the loss and, when gradients are wanted, the gradients of the
+hidden states and of the output projection (softmax minus one-hot, the same three matmuls as
+the unfused backward). Peak extra memory is one chunk of logits instead of all of them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IGNORE_INDEX = -100
+# Logits per chunk: 4 MiB of fp32 on a CPU (cache-sized), 256 MiB on an accelerator (few launches).
+CHUNK_ELEMENTS = {"cpu": 1 << 20}
+ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
+MIN_CHUNK_ROWS = 128
+
+
+def shifted_targets(labels: Tensor) -> Tensor:
+    """Position i predicts labels[i+1]; the last position of every sequence predicts nothing."""
+    pad = labels.new_full((labels.shape[0], 1), IGNORE_INDEX)
+    return torch.cat((labels[:, 1:], pad), dim=1).reshape(-1)
+
+
+def chunk_rows(vocab_size: int, device: torch.device | str = "cpu") -> int:
+    elements = CHUNK_ELEMENTS.get(torch.device(device).type, ACCELERATOR_CHUNK_ELEMENTS)
+    return max(MIN_CHUNK_ROWS, elements // vocab_size)
+
+
+def _at_least_fp32(x: Tensor) -> Tensor:
+    """Softmax statistics in fp32 under bf16/fp16 (and in fp64 when the inputs are fp64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; gradients formed in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:  # type: ignore[override]
+        valid = targets != IGNORE_INDEX
+        safe_targets = targets.masked_fill(~valid, 0).unsqueeze(1)
+        scale = valid.to(_at_least_fp32(hidden).dtype) / valid.sum().clamp(min=1)
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros_like(_at_least_fp32(weight)) if want_weight else None
+        loss = torch.zeros((), dtype=_at_least_fp32(hidden).dtype, device=hidden.device)
+        rows = chunk_rows(weight.shape[0], weight.device)
+        for start in range(0, hidden.shape[0], rows):
+            stop = min(start + rows, hidden.shape[0])
+            h, chunk_scale = hidden[start:stop], scale[start:stop, None]
+            logits = _at_least_fp32(h @ weight.t())
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            target_logits = logits.gather(1, safe_targets[start:stop])
+            loss += ((lse - target_logits) * chunk_scale).sum()
+            if grad_hidden is None and grad_weight is None:
+                continue
+            probs = logits.sub_(lse).exp_()  # softmax, in place of the logits
+            probs.scatter_add_(1, safe_targets[start:stop], -torch.ones_like(target_logits))
+            grad_logits = probs.mul_(chunk_scale).to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:stop] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight += grad_logits.t() @ h
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        hidden_grad = grad_hidden * grad_loss.to(grad_hidden.dtype) if grad_hidden is not None else None
+        weight_grad = (grad_weight * grad_loss).to(ctx.weight_dtype) if grad_weight is not None else None
+        return hidden_grad, weight_grad, None
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of the logits ``hidden @ weight.T`` (hidden (T, D), weight (V, D),
+    targets (T,) with ``IGNORE_INDEX`` skipped), equal to ``F.cross_entropy`` on the full logits."""
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(hidden, weight, targets)
+    with torch.no_grad():
+        total = torch.zeros((), dtype=_at_least_fp32(hidden).dtype, device=hidden.device)
+        rows = chunk_rows(weight.shape[0], weight.device)
+        for start in range(0, hidden.shape[0], rows):
+            logits = _at_least_fp32(hidden[start : start + rows] @ weight.t())
+            total += F.cross_entropy(logits, targets[start : start + rows], ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+__all__ = ["IGNORE_INDEX", "linear_cross_entropy", "shifted_targets"]
