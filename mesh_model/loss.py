@@ -49,6 +49,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros_like(_at_least_fp32(weight)) if want_weight else None
         loss = torch.zeros((), dtype=_at_least_fp32(hidden).dtype, device=hidden.device)
         rows = chunk_rows(weight.shape[0], weight.device)
+        device_type = weight.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
         for start in range(0, hidden.shape[0], rows):
             stop = min(start + rows, hidden.shape[0])
             h, chunk_scale = hidden[start:stop], scale[start:stop, None]
@@ -60,7 +63,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 continue
             probs = logits.sub_(lse).exp_()  # softmax, in place of the logits
             probs.scatter_add_(1, safe_targets[start:stop], -torch.ones_like(target_logits))
-            grad_logits = probs.mul_(chunk_scale).to(weight.dtype)
+            grad_logits = probs.mul_(chunk_scale).to(matmul_dtype)  # one cast, used by both matmuls
             if grad_hidden is not None:
                 grad_hidden[start:stop] = grad_logits @ weight
             if grad_weight is not None:

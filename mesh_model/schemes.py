@@ -157,11 +157,15 @@ class DynamicCombination(StatePassing):
 
 
 def _routing(write: nn.Linear, read: nn.Linear, h: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax write and read weights over the slots, each (N, L, B), softmax in fp32."""
-    return (
-        torch.softmax(write(h).float(), dim=-1).to(h.dtype),
-        torch.softmax(read(h).float(), dim=-1).to(h.dtype),
-    )
+    """Softmax write and read weights over the slots, each (N, L, B), softmax in fp32.
+
+    Both routers in one matmul: they read the same h, and the (D -> B) products are too narrow
+    to be anything but a pass over h, so one pass instead of two (forward and backward)."""
+    weight = torch.cat((write.weight, read.weight))
+    bias = torch.cat((write.bias, read.bias))
+    logits = torch.nn.functional.linear(h, weight, bias).float()
+    w, r = logits.split(write.out_features, dim=-1)
+    return torch.softmax(w, dim=-1).to(h.dtype), torch.softmax(r, dim=-1).to(h.dtype)
 
 
 class MeSH(StatePassing):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -129,6 +130,12 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path):
     run_dir = Path(tags["run_dir"])
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     assert (run_dir / "mlflow_run_id").read_text() == run.info.run_id
+    # Where the wall time went (experiments/timing.py): the parts add up to the total.
+    timing = json.loads((run_dir / "result.json").read_text())["timing"]
+    parts = ("setup_s", "steps_s", "between_steps_s", "validation_s", "end_s")
+    assert all(timing[p] >= 0 for p in parts) and timing["steps_s"] > 0 and timing["validation_s"] > 0
+    assert sum(timing[p] for p in parts) == pytest.approx(timing["total_s"], rel=1e-6)
+    assert metrics["time/steps_s"] == pytest.approx(timing["steps_s"])
     # The same command again: the run is finished, nothing new starts.
     again = run_cli(*TINY, "scheme=mesh", "layout=1+2R3+1", "seed=3", f"runs_dir={tmp_path}")
     assert again.returncode == 0 and "already finished" in again.stderr
@@ -259,7 +266,10 @@ def test_ddp_on_two_cpu_processes_logs_one_run(tmp_path):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["nonexistent=1"], "error: 'nonexistent' is not a config key; known keys: activation_checkpointing, buffer_slots"),
+        (
+            ["nonexistent=1"],
+            "error: 'nonexistent' is not a config key; known keys: activation_checkpointing, buffer_slots",
+        ),
         (["data.seq_lenn=64"], "error: 'data.seq_lenn' is not a config key under 'data'; known keys: batch_size"),
         (
             ["data=wikipedia"],
