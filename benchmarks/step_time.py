@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/step_time.py            # 3 sizes x seq 256/512/1024, every scheme
     .venv/bin/python benchmarks/step_time.py --quick    # fewer cells
+    .venv/bin/python benchmarks/step_time.py --profile mini:512   # where ours and HF's step spend time
 
 1. Our vanilla model against transformers' GPTNeoXForCausalLM with identical shapes and weights
    (``to_hf_gpt_neox``): forward + backward + AdamW step. Ours runs its training path
@@ -65,13 +66,24 @@ def measure(kind: str, preset: str, layout: str, scheme: str, seq: int, batch: i
     times = []
     for step in range(steps + 2):
         start = time.perf_counter()
-        loss = model(ids, labels=ids).loss if kind == "hf" else model(ids, labels=ids, return_logits=False).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        train_step(kind, model, optimizer, ids)
         if step >= 2:  # two warm-up steps
             times.append(time.perf_counter() - start)
     return statistics.median(times), _rss_mb() - base_rss
+
+
+def train_step(kind: str, model, optimizer, ids) -> None:
+    """Forward + backward + AdamW: ours on its training path (no full logits), HF's standard call.
+    The three phases are named regions for the profiler (free when it is off)."""
+    from torch.profiler import record_function
+
+    with record_function("phase: forward"):
+        out = model(ids, labels=ids) if kind == "hf" else model(ids, labels=ids, return_logits=False)
+    optimizer.zero_grad(set_to_none=True)
+    with record_function("phase: backward"):
+        out.loss.backward()
+    with record_function("phase: AdamW"):
+        optimizer.step()
 
 
 def in_fresh_process(*args) -> tuple[float, float]:
@@ -92,8 +104,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per cell; the fastest counts")
     parser.add_argument("--schemes-only", action="store_true", help="skip the comparison with HF")
+    parser.add_argument("--profile", metavar="PRESET:SEQ", help="only profile ours and HF's vanilla step at one cell")
     args = parser.parse_args()
     import torch
+
+    if args.profile:
+        preset, _, seq = args.profile.partition(":")
+        print(f"# command: {sys.executable} benchmarks/step_time.py --profile {args.profile} --batch {args.batch}")
+        profile_step(preset, int(seq or 512), args.batch)
+        return
 
     seqs = (256, 512) if args.quick else (256, 512, 1024)
     sizes = ("tiny", "mini") if args.quick else tuple(SIZES)
@@ -139,6 +158,77 @@ def compare_schemes(preset: str, seq: int, args: argparse.Namespace) -> None:
         print(
             f"| {preset} | {seq} | {scheme} | {t * 1e3:.1f} | {t / base[0]:.3f} | {m:.0f} | {m / max(base[1], 1e-9):.3f} |"
         )
+
+
+# Operator groups of a profile: the first pattern an op's name contains decides its group.
+OP_GROUPS = (
+    ("attention (SDPA flash kernel + backward)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
+    ("matmuls (linear, LM head, their backward)", ("addmm", "mm", "bmm", "matmul", "linear")),
+    (
+        "loss softmax (HF: log_softmax, nll; ours: logsumexp, exp_, scatter_add_)",
+        ("cross_entropy", "log_softmax", "nll_loss", "logsumexp", "softmax", "aten::exp_", "scatter_add"),
+    ),
+    ("layer norm", ("layer_norm",)),
+    ("GELU", ("gelu",)),
+)
+
+
+def profile_step(preset: str, seq: int, batch: int) -> None:
+    """Self CPU time of ours and HF's vanilla step by operator group (torch.profiler, 3 steps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mesh_model import ModelConfig, build_model, to_hf_gpt_neox
+
+    print(f"\n## Where a training step's time goes: {preset}, seq {seq}, batch {batch}, 3 profiled steps\n")
+    shares, largest, phases = {}, {}, {}
+    for kind in ("ours", "hf"):
+        torch.manual_seed(0)
+        config = ModelConfig.from_preset(preset, layout=SIZES[preset], max_seq_len=max(seq, 256))
+        model = build_model(config.replace(scale_embeddings=False) if kind == "hf" else config)
+        if kind == "hf":
+            model = to_hf_gpt_neox(model).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+        for _ in range(2):
+            train_step(kind, model, optimizer, ids)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                train_step(kind, model, optimizer, ids)
+        groups: dict[str, float] = {}
+        rest: dict[str, float] = {}
+        for event in prof.key_averages():
+            name = event.key.lower()
+            if name.startswith("phase: "):
+                phases.setdefault(event.key.removeprefix("phase: "), {})[kind] = event.cpu_time_total / 3e3
+                continue
+            group = next((g for g, patterns in OP_GROUPS if any(p in name for p in patterns)), "everything else")
+            groups[group] = groups.get(group, 0.0) + event.self_cpu_time_total / 3e3
+            if group == "everything else":
+                rest[event.key] = event.self_cpu_time_total / 3e3
+        shares[kind] = groups
+        largest[kind] = sorted(rest.items(), key=lambda item: -item[1])[:6]
+    print("| phase (wall, ops included) | ours ms/step | HF ms/step | ours/HF |")
+    print("|---|---|---|---|")
+    for phase, ms in phases.items():
+        print(f"| {phase} | {ms['ours']:.1f} | {ms['hf']:.1f} | {ms['ours'] / ms['hf']:.3f} |")
+    print("\nOperators by their own (self) time; AdamW's elementwise ops fall under everything else.\n")
+    names = [g for g, _ in OP_GROUPS] + ["everything else"]
+    total = {kind: sum(groups.values()) for kind, groups in shares.items()}
+    print("| operator group | ours ms/step | share | HF ms/step | share | ours/HF |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        o, h = shares["ours"].get(name, 0.0), shares["hf"].get(name, 0.0)
+        print(
+            f"| {name} | {o:.1f} | {100 * o / total['ours']:.1f}% | {h:.1f} | {100 * h / total['hf']:.1f}% "
+            f"| {o / h if h else float('nan'):.3f} |"
+        )
+    print(
+        f"| total (self CPU time) | {total['ours']:.1f} | | {total['hf']:.1f} | | {total['ours'] / total['hf']:.3f} |"
+    )
+    for kind, label in (("ours", "ours"), ("hf", "HF")):
+        ops = ", ".join(f"{name} {ms:.1f}" for name, ms in largest[kind])
+        print(f"\nlargest of everything else, {label} (ms/step): {ops}")
 
 
 if __name__ == "__main__":
