@@ -3,7 +3,7 @@
 # after `make setup data`. Embedded Shakespeare corpus, BPE-2048, seq 128, batch 16, 3 seeds,
 # probes at the end of each run.
 #   bash results/cpu-reproduction/run.sh tiny   # d=64, 1+2R2+1, 250 steps, one process (~35 min)
-#   bash results/cpu-reproduction/run.sh mini   # d=128, 2+4R2+2, 200 steps, 2 processes x 1 thread (~75 min)
+#   bash results/cpu-reproduction/run.sh mini   # d=128, 2+4R2+2, 200 steps, 2 processes x 1 thread (~50 min)
 set -euo pipefail
 PRESET="${1:-tiny}"
 case "$PRESET" in
