@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 data: setup
 	$(PY) -m experiments.data fetch --corpus shakespeare kjv --tokenizer gpt2
 
-# The main job: the schemes grid (6 schemes x 2 seeds, tiny preset, Shakespeare), ~20 min on 2 CPU
+# The main job: the schemes grid (6 schemes x 2 seeds, tiny preset, Shakespeare), 10-20 min on 2 CPU
 # cores, then the results table, results/schemes/report.md and how to open the MLflow UI.
 demo: setup data
 	$(VENV)/bin/mesh-demo

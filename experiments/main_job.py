@@ -3,7 +3,7 @@
 Runs the ``schemes`` grid (vanilla, base, residual, anchor, anchor*, MeSH at the tiny preset's
 1+2R2+1 layout) on the embedded Shakespeare corpus with two seeds, then builds the results
 table, figures and report from MLflow, prints the table, and says where everything is. About
-20 minutes on 2 CPU cores; re-running it skips what already finished.
+10-20 minutes on 2 CPU cores; re-running it skips what already finished.
 """
 
 from __future__ import annotations
