@@ -36,8 +36,8 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(kind: str, preset: str, layout: str, scheme: str, seq: int, batch: int, steps: int) -> tuple[float, float]:
-    """(median seconds per step, peak RSS growth in MB) of one configuration, in this process.
+def setup_step(kind: str, preset: str, layout: str | None, scheme: str, seq: int, batch: int):
+    """(model, AdamW, token ids) of one configuration: ours, or HF's with the same weights.
     ``scheme`` may carry a variant: ``mesh:explicit-buffer``, ``base:checkpointing``."""
     import torch
 
@@ -61,7 +61,12 @@ def measure(kind: str, preset: str, layout: str, scheme: str, seq: int, batch: i
     if kind == "hf":
         model = to_hf_gpt_neox(model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    return model, optimizer, torch.randint(0, config.vocab_size, (batch, seq))
+
+
+def measure(kind: str, preset: str, layout: str, scheme: str, seq: int, batch: int, steps: int) -> tuple[float, float]:
+    """(median seconds per step, peak RSS growth in MB) of one configuration, in this process."""
+    model, optimizer, ids = setup_step(kind, preset, layout, scheme, seq, batch)
     base_rss = _rss_mb()
     times = []
     for step in range(steps + 2):
@@ -175,21 +180,12 @@ OP_GROUPS = (
 
 def profile_step(preset: str, seq: int, batch: int) -> None:
     """Self CPU time of ours and HF's vanilla step by operator group (torch.profiler, 3 steps)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
-
-    from mesh_model import ModelConfig, build_model, to_hf_gpt_neox
 
     print(f"\n## Where a training step's time goes: {preset}, seq {seq}, batch {batch}, 3 profiled steps\n")
     shares, largest, phases = {}, {}, {}
     for kind in ("ours", "hf"):
-        torch.manual_seed(0)
-        config = ModelConfig.from_preset(preset, layout=SIZES[preset], max_seq_len=max(seq, 256))
-        model = build_model(config.replace(scale_embeddings=False) if kind == "hf" else config)
-        if kind == "hf":
-            model = to_hf_gpt_neox(model).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
+        model, optimizer, ids = setup_step(kind, preset, SIZES[preset], "base", seq, batch)
         for _ in range(2):
             train_step(kind, model, optimizer, ids)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
