@@ -21,7 +21,6 @@ import torch
 
 sys.path.insert(0, ".")
 from mesh_model import ModelConfig, build_model, count_parameters  # noqa: E402
-from mesh_model.schemes import MeSHExplicitBuffer  # noqa: E402
 
 VANILLA_LAYERS = {"tiny": "6", "mini": "12", "small": "12", "pythia-160m": "12", "pythia-410m": "24"}
 
@@ -60,13 +59,11 @@ def build(preset: str, scheme: str, variant: str, seq: int, device: torch.device
     )
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = build_model(config, activation_checkpointing=variant == "checkpointing")
-    if variant == "explicit-buffer":
-        lean = model.state_passing
-        model.state_passing = MeSHExplicitBuffer(
-            config.parsed_layout.loops, config.d_model, config.slots, config.init_std
+        model = build_model(
+            config,
+            activation_checkpointing=variant == "checkpointing",
+            mesh_buffer="explicit" if variant == "explicit-buffer" else "lean",
         )
-        model.state_passing.load_state_dict(lean.state_dict())
     if kind == "hf":
         from mesh_model import to_hf_gpt_neox
 

@@ -9,7 +9,7 @@
    (``return_logits=False``: the loss from the hidden states in chunks, no full logits); HF runs
    its standard ``model(ids, labels=ids)``.
 2. Every state-passing scheme against ``base`` at the same layout: MeSH's real overhead, with
-   the paper's explicit (B, N, L, D) buffer (``MeSHExplicitBuffer``) beside our lean form, and
+   the paper's explicit (B, N, L, D) buffer (``mesh_buffer="explicit"``) beside our lean form, and
    activation checkpointing per core iteration.
 
 Each cell runs in a fresh spawned process, so peak memory is that process's peak RSS growth
@@ -42,7 +42,6 @@ def setup_step(kind: str, preset: str, layout: str | None, scheme: str, seq: int
     import torch
 
     from mesh_model import ModelConfig, build_model, to_hf_gpt_neox
-    from mesh_model.schemes import MeSHExplicitBuffer
 
     torch.manual_seed(0)
     scheme, _, variant = scheme.partition(":")
@@ -51,13 +50,8 @@ def setup_step(kind: str, preset: str, layout: str | None, scheme: str, seq: int
     model = build_model(
         config.replace(scale_embeddings=False) if kind == "hf" else config,
         activation_checkpointing=variant == "checkpointing",
+        mesh_buffer="explicit" if variant == "explicit-buffer" else "lean",
     )
-    if variant == "explicit-buffer":
-        lean = model.state_passing
-        model.state_passing = MeSHExplicitBuffer(
-            config.parsed_layout.loops, config.d_model, config.slots, config.init_std
-        )
-        model.state_passing.load_state_dict(lean.state_dict())
     if kind == "hf":
         model = to_hf_gpt_neox(model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -142,6 +142,12 @@ class ModelConfig:
         return self.parsed_layout.distinct_layers
 
     @property
+    def variant(self) -> str:
+        """The name of the run's variant: ``vanilla`` for a plain stack of layers, else the
+        canonical scheme name (``anchor*`` -> ``anchor_emb``)."""
+        return "vanilla" if self.parsed_layout.is_vanilla else self.scheme
+
+    @property
     def slots(self) -> int | None:
         """MeSH's resolved B: ``buffer_slots``, or K+3 when left unset; None for other schemes."""
         if self.scheme_spec.kind != "mesh":

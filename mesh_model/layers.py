@@ -3,6 +3,9 @@
 Parameter names follow Hugging Face's GPTNeoX modules (``attention.query_key_value``,
 ``mlp.dense_h_to_4h``...), and the fused QKV projection keeps NeoX's per-head ``[q|k|v]``
 layout, so Pythia weights load by name with no reshuffling.
+
+The rotary embedding here (:func:`rotary_tables`, :func:`rotary_qkv`) is the reference, in plain
+differentiable ops; eager mode runs a fused equivalent from :mod:`mesh_model.fused_rotary`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from mesh_model.fused_rotary import fused_rotary_qkv
 
 
 def rotary_tables(seq_len: int, rotary_dims: int, base: float, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -24,73 +29,29 @@ def rotary_tables(seq_len: int, rotary_dims: int, base: float, device: torch.dev
     return angles.cos(), angles.sin()
 
 
-def rotary_qkv_functional(qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``RotaryQKV`` in plain differentiable ops: what ``torch.compile`` traces and fuses (Dynamo
-    does not take the in-place writes of the eager Function)."""
+def rotary_qkv(qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v from NeoX's fused projection, with q and k rotated: the reference rotary.
+
+    ``qkv`` is (batch, seq, heads, 3, head_dim), NeoX's per-head [q|k|v]; each output is
+    (batch, seq, heads, head_dim). The pair (x_i, x_{i+half}) of q and k at position p turns by
+    p * theta_i; the dims past ``rotary_dims`` and all of v pass through unchanged.
+    """
     half = cos.shape[-1]
-    x = qkv[..., :2, :]
+    x = qkv[..., :2, :]  # q and k
     cos, sin = cos.to(qkv.dtype).unsqueeze(-2), sin.to(qkv.dtype).unsqueeze(-2)
     x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
     return qk[..., 0, :], qk[..., 1, :], qkv[..., 2, :]
 
 
-def _fused_tables(cos: Tensor, sin: Tensor, head_dim: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-position tables over one head's [q|k|v] row (3 * head_dim wide), shape (L, 1, 3*head_dim):
-    ``scale`` multiplies x_i, ``from_right`` multiplies x_{i+half}, ``from_left`` x_{i-half}."""
-    seq, half = cos.shape[0], cos.shape[-1]
-    scale = cos.new_ones(seq, 1, 3, head_dim, dtype=dtype)
-    from_right = cos.new_zeros(seq, 1, 3, head_dim, dtype=dtype)
-    from_left = cos.new_zeros(seq, 1, 3, head_dim, dtype=dtype)
-    scale[..., :2, :half] = cos.unsqueeze(-2)
-    scale[..., :2, half : 2 * half] = cos.unsqueeze(-2)
-    from_right[..., :2, :half] = -sin.unsqueeze(-2)
-    from_left[..., :2, half : 2 * half] = sin.unsqueeze(-2)
-    return scale.flatten(-2), from_right.flatten(-2), from_left.flatten(-2)
-
-
-def _rotate(x: Tensor, scale: Tensor, from_right: Tensor, from_left: Tensor, half: int) -> Tensor:
-    """out_i = scale_i x_i + from_right_i x_{i+half} + from_left_i x_{i-half} along the last dim.
-
-    The shifted products run over whole contiguous rows (the zero table entries switch them off
-    outside the rotary pairs), which is several times faster than rotating the narrow rotary slices."""
-    out = x * scale
-    if half:
-        out[..., :-half].addcmul_(x[..., half:], from_right[..., :-half])
-        out[..., half:].addcmul_(x[..., :-half], from_left[..., half:])
-    return out
-
-
-class RotaryQKV(torch.autograd.Function):
-    """Rotate q and k of NeoX's fused projection in one pass each way.
-
-    Input and output (batch, seq, heads, 3, head_dim), NeoX's per-head [q|k|v]; v passes through.
-    Written as a Function because autograd of the slice/cat formulation allocates zero-filled
-    gradients for every slice and concatenates twice; here backward applies the transposed
-    rotation to the incoming gradient in the same three row-wide passes.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
-        batch, seq, heads, _, head_dim = qkv.shape
-        tables = _fused_tables(cos, sin, head_dim, qkv.dtype)
-        ctx.save_for_backward(*tables)
-        ctx.half = cos.shape[-1]
-        out = _rotate(qkv.reshape(batch, seq, heads, 3 * head_dim), *tables, ctx.half)
-        return out.view(qkv.shape)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        scale, from_right, from_left = ctx.saved_tensors
-        half = ctx.half
-        shape = grad.shape
-        g = grad.reshape(*shape[:3], -1)
-        # the transpose of the rotation: what x_{i+half} fed into out_i flows back from out_i
-        out = g * scale
-        if half:
-            out[..., half:].addcmul_(g[..., :-half], from_right[..., :-half])
-            out[..., :-half].addcmul_(g[..., half:], from_left[..., half:])
-        return out.view(shape), None, None
+def rotary_qkv_for_mode(qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The rotary that attention runs, the one place that picks it; both are equal up to float
+    rounding. Eager mode takes the fused Function (:mod:`mesh_model.fused_rotary`: fewer passes,
+    no zero-filled gradients); ``torch.compile`` traces the reference, since Dynamo cannot trace
+    the Function's in-place writes (and fuses the plain ops itself)."""
+    if torch.compiler.is_compiling():
+        return rotary_qkv(qkv, cos, sin)
+    return fused_rotary_qkv(qkv, cos, sin)
 
 
 class Attention(nn.Module):
@@ -104,10 +65,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         batch, seq, d_model = x.shape
         qkv = self.query_key_value(x).view(batch, seq, self.n_heads, 3, self.head_dim)
-        if torch.compiler.is_compiling():
-            q, k, v = rotary_qkv_functional(qkv, *rope)
-        else:
-            q, k, v = RotaryQKV.apply(qkv, *rope).unbind(3)  # unbind: one stacked gradient, no zero fills
+        q, k, v = rotary_qkv_for_mode(qkv, *rope)
         # (batch, seq, heads, dim) storage seen as (batch, heads, seq, dim): SDPA's kernels take
         # strided inputs, and the output transposes back to (batch, seq, d_model) without a copy.
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)

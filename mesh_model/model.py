@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 from mesh_model.config import ModelConfig
 from mesh_model.layers import Block, Stack, rotary_tables
 from mesh_model.loss import IGNORE_INDEX, linear_cross_entropy, shifted_targets
-from mesh_model.schemes import StatePassing, build_state_passing
+from mesh_model.schemes import StatePassing, build_state_passing, check_mesh_buffer
 
 
 @dataclass
@@ -32,11 +32,17 @@ class ModelOutput:
 
 
 class MeshTransformer(nn.Module):
-    """``activation_checkpointing``: recompute each core iteration in backward instead of keeping
-    its activations (memory of one iteration instead of K); the math is unchanged."""
+    """Two build options that leave the math (and the parameter names) unchanged:
 
-    def __init__(self, config: ModelConfig, activation_checkpointing: bool = False) -> None:
+    * ``activation_checkpointing``: recompute each core iteration in backward instead of keeping
+      its activations (memory of one iteration instead of K).
+    * ``mesh_buffer``: MeSH's ``lean`` form (default) or the paper's ``explicit`` (B, N, L, D)
+      buffer, the reference that tests and benchmarks compare it with.
+    """
+
+    def __init__(self, config: ModelConfig, activation_checkpointing: bool = False, mesh_buffer: str = "lean") -> None:
         super().__init__()
+        check_mesh_buffer(mesh_buffer)
         self.config = config
         self.activation_checkpointing = activation_checkpointing
         layout = config.parsed_layout
@@ -53,7 +59,9 @@ class MeshTransformer(nn.Module):
         self.embed_out = nn.Linear(d, config.vocab_size, bias=False)
         self.state_passing: StatePassing | None = None
         if not layout.is_vanilla:
-            self.state_passing = build_state_passing(config.scheme_spec, layout.loops, d, config.slots, config.init_std)
+            self.state_passing = build_state_passing(
+                config.scheme_spec, layout.loops, d, config.slots, config.init_std, mesh_buffer
+            )
         self.core_schedule = layout.core_schedule
         self.embedding_scale = math.sqrt(d) if config.scale_embeddings else 1.0
         self.reset_parameters()
@@ -74,7 +82,7 @@ class MeshTransformer(nn.Module):
         for block in self.blocks():
             for projection in block.output_projections():
                 nn.init.normal_(projection.weight, std=out_std)
-        if self.state_passing is not None and hasattr(self.state_passing, "reset_parameters"):
+        if self.state_passing is not None:
             self.state_passing.reset_parameters()
 
     def blocks(self) -> list[Block]:
@@ -141,9 +149,12 @@ class MeshTransformer(nn.Module):
         return core(h, rope)
 
 
-def build_model(config: ModelConfig, activation_checkpointing: bool = False) -> MeshTransformer:
-    """Build the model for ``config`` on the current default device (``torch.device('meta')`` works)."""
-    return MeshTransformer(config, activation_checkpointing=activation_checkpointing)
+def build_model(
+    config: ModelConfig, activation_checkpointing: bool = False, mesh_buffer: str = "lean"
+) -> MeshTransformer:
+    """Build the model for ``config`` on the current default device (``torch.device('meta')`` works).
+    The options are :class:`MeshTransformer`'s; an unknown ``mesh_buffer`` is a ConfigError."""
+    return MeshTransformer(config, activation_checkpointing=activation_checkpointing, mesh_buffer=mesh_buffer)
 
 
 __all__ = ["MeshTransformer", "ModelOutput", "build_model"]

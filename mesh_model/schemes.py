@@ -18,7 +18,11 @@ Scheme names (``ModelConfig.scheme``):
                             initialised to 1 (the ``anchor+anchor_emb`` sum).
 * ``dynamic``               the same with per-token coefficients a = Linear_t(h(t)), weights
                             initialised to 0 and biases to 1, so it starts equal to ``static``.
-* ``mesh``                  the B-slot memory buffer with per-step write and read routers.
+* ``mesh``                  the B-slot memory buffer with per-step write and read routers, in
+                            its memory-lean form or, with the build option
+                            ``mesh_buffer="explicit"``, the paper's direct (B, N, L, D) buffer.
+
+Every scheme's state is a ``LoopState`` (h, h_emb, h0); MeSH carries more in its own subclass.
 """
 
 from __future__ import annotations
@@ -81,19 +85,19 @@ class SchemeSpec:
 
 @dataclass
 class LoopState:
-    """What a scheme carries between steps. ``h`` is the current state h(t), shape (N, L, D)."""
+    """What every scheme carries between steps: the current state ``h`` = h(t), shape (N, L, D),
+    the embedding output h_emb and h(0). A scheme that keeps more subclasses it (``MeshState``)."""
 
     h: Tensor
     h_emb: Tensor
     h0: Tensor
-    # MeSH: the values written so far (h_prelude, then every core output) and their per-token
-    # write weights (N, L, B); the slots themselves are never stored (see MeSH).
-    written: list[Tensor] = field(default_factory=list)
-    write_weights: list[Tensor] = field(default_factory=list)
 
 
 class StatePassing(nn.Module):
-    """Base class: h(0) is the prelude output, the coda gets h(K)."""
+    """Base class: h(0) is the prelude output, the coda gets h(K). No parameters of its own."""
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the scheme's own parameters (after the model's generic init); none here."""
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> LoopState:
         return LoopState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
@@ -168,6 +172,15 @@ def _routing(write: nn.Linear, read: nn.Linear, h: Tensor) -> tuple[Tensor, Tens
     return torch.softmax(w, dim=-1).to(h.dtype), torch.softmax(r, dim=-1).to(h.dtype)
 
 
+@dataclass
+class MeshState(LoopState):
+    """MeSH's loop state: the values written so far (h_prelude, then every core output) and
+    their per-token write weights (N, L, B); the slots themselves are never stored (see MeSH)."""
+
+    written: list[Tensor] = field(default_factory=list)
+    write_weights: list[Tensor] = field(default_factory=list)
+
+
 class MeSH(StatePassing):
     """Memory-as-State-Highways: a B-slot buffer written and read through per-step routers.
 
@@ -184,7 +197,8 @@ class MeSH(StatePassing):
     products over B, applied to values autograd keeps alive anyway (h_prelude and the core
     outputs). No (B, N, L, D) tensor is built, stored for backward or copied per step; the extra
     activation memory is O(K * N * L * B) instead of O(K * B * N * L * D). ``MeSHExplicitBuffer``
-    is the direct formulation; tests hold the two equal.
+    (``build_model(..., mesh_buffer="explicit")``) is the direct formulation; tests hold the two
+    equal.
     """
 
     def __init__(self, loops: int, d_model: int, slots: int, init_std: float) -> None:
@@ -201,7 +215,7 @@ class MeSH(StatePassing):
             nn.init.normal_(router.weight, std=self.init_std)
             nn.init.zeros_(router.bias)
 
-    def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: LoopState) -> Tensor:
+    def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: MeshState) -> Tensor:
         write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
         state.written.append(value)
         state.write_weights.append(write)
@@ -212,16 +226,16 @@ class MeSH(StatePassing):
             h = h.addcmul(v, coefficients[..., s : s + 1])
         return h
 
-    def begin(self, h_emb: Tensor, h_prelude: Tensor) -> LoopState:
-        state = LoopState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
+    def begin(self, h_emb: Tensor, h_prelude: Tensor) -> MeshState:
+        state = MeshState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
         state.h = state.h0 = self._write_read(0, h_prelude, h_prelude, state)
         return state
 
-    def step(self, t: int, core_out: Tensor, state: LoopState) -> LoopState:
+    def step(self, t: int, core_out: Tensor, state: MeshState) -> MeshState:  # type: ignore[override]
         state.h = self._write_read(t + 1, state.h, core_out, state)
         return state
 
-    def buffer(self, state: LoopState) -> Tensor:
+    def buffer(self, state: MeshState) -> Tensor:
         """The B slots as the direct formulation holds them, (B, N, L, D), for inspection."""
         slots = torch.stack(
             [w.movedim(-1, 0).unsqueeze(-1) * v for w, v in zip(state.write_weights, state.written, strict=True)]
@@ -231,29 +245,54 @@ class MeSH(StatePassing):
         return slots
 
 
+@dataclass
+class ExplicitBufferState(LoopState):
+    """The explicit form's loop state: the (B, N, L, D) buffer itself."""
+
+    buffer: Tensor
+
+
 class MeSHExplicitBuffer(MeSH):
     """MeSH as the paper writes it: a (B, N, L, D) buffer updated and read at every step.
 
-    Not selectable by configuration: the reference that the lean form is tested against and
-    that ``benchmarks/step_time.py`` measures to show what the slots cost in activation memory.
+    Same parameters (and names) as the lean form, so a state dict loads into either. Built with
+    ``mesh_buffer="explicit"``: the reference the lean form is tested against, and what
+    ``benchmarks/step_time.py`` measures to show what the slots cost in activation memory.
     """
 
-    def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: LoopState) -> Tensor:
+    def _write_read(  # type: ignore[override]
+        self, index: int, h_in: Tensor, value: Tensor, state: ExplicitBufferState
+    ) -> Tensor:
         write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
-        if not state.written:  # the buffer starts as [h_emb, 0, ..., 0]
-            state.written.append(
-                torch.cat((state.h_emb.unsqueeze(0), state.h_emb.new_zeros(self.slots - 1, *state.h_emb.shape)))
-            )
-        buffer = state.written[0] + write.movedim(-1, 0).unsqueeze(-1) * value
-        state.written[0] = buffer
-        return (buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0)
+        state.buffer = state.buffer + write.movedim(-1, 0).unsqueeze(-1) * value
+        return (state.buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0)
 
-    def buffer(self, state: LoopState) -> Tensor:
-        return state.written[0]
+    def begin(self, h_emb: Tensor, h_prelude: Tensor) -> ExplicitBufferState:  # type: ignore[override]
+        # the buffer starts as [h_emb, 0, ..., 0]
+        empty = torch.cat((h_emb.unsqueeze(0), h_emb.new_zeros(self.slots - 1, *h_emb.shape)))
+        state = ExplicitBufferState(h=h_prelude, h_emb=h_emb, h0=h_prelude, buffer=empty)
+        state.h = state.h0 = self._write_read(0, h_prelude, h_prelude, state)
+        return state
+
+    def buffer(self, state: ExplicitBufferState) -> Tensor:  # type: ignore[override]
+        return state.buffer
 
 
-def build_state_passing(spec: SchemeSpec, loops: int, d_model: int, slots: int | None, init_std: float) -> StatePassing:
-    """The one place a scheme name becomes behaviour."""
+MESH_BUFFERS: dict[str, type[MeSH]] = {"lean": MeSH, "explicit": MeSHExplicitBuffer}
+MESH_BUFFER_FORMS = "use lean (the memory-lean MeSH, default) or explicit (the paper's (B, N, L, D) buffer)"
+
+
+def check_mesh_buffer(mesh_buffer: str) -> None:
+    """A build option, not a config field: ``lean`` or ``explicit``, both the same function."""
+    if mesh_buffer not in MESH_BUFFERS:
+        raise ConfigError("mesh_buffer", mesh_buffer, MESH_BUFFER_FORMS)
+
+
+def build_state_passing(
+    spec: SchemeSpec, loops: int, d_model: int, slots: int | None, init_std: float, mesh_buffer: str = "lean"
+) -> StatePassing:
+    """The one place a scheme name becomes behaviour. ``mesh_buffer`` picks MeSH's form."""
+    check_mesh_buffer(mesh_buffer)
     if spec.kind in ("base", "fixed"):
         return FixedSum(spec.coefficients)
     if spec.kind == "static":
@@ -262,7 +301,7 @@ def build_state_passing(spec: SchemeSpec, loops: int, d_model: int, slots: int |
         return DynamicCombination(loops, d_model)
     if spec.kind == "mesh":
         assert slots is not None
-        return MeSH(loops, d_model, slots, init_std)
+        return MESH_BUFFERS[mesh_buffer](loops, d_model, slots, init_std)
     raise ConfigError("scheme", spec.kind, SCHEME_FORMS)
 
 
@@ -272,15 +311,19 @@ def mesh_router_parameters(loops: int, d_model: int, slots: int) -> int:
 
 
 __all__ = [
+    "MESH_BUFFERS",
     "SCHEME_FORMS",
     "DynamicCombination",
+    "ExplicitBufferState",
     "FixedSum",
     "LoopState",
     "MeSH",
     "MeSHExplicitBuffer",
+    "MeshState",
     "SchemeSpec",
     "StatePassing",
     "StaticCombination",
     "build_state_passing",
+    "check_mesh_buffer",
     "mesh_router_parameters",
 ]

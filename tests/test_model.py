@@ -50,6 +50,20 @@ def test_vanilla_layout_runs():
     assert model.state_passing is None
 
 
+@pytest.mark.parametrize(
+    ("overrides", "variant"),
+    [
+        ({"layout": "6"}, "vanilla"),
+        ({"scheme": "anchor*"}, "anchor_emb"),
+        ({"scheme": "base"}, "base"),
+        ({"layout": "1+2+2+1", "scheme": "mesh"}, "mesh"),
+        ({"scheme": "anchor + residual"}, "residual+anchor"),
+    ],
+)
+def test_variant_names_the_run_vanilla_or_the_canonical_scheme(overrides, variant):
+    assert ModelConfig.from_preset("tiny", **overrides).variant == variant
+
+
 def test_loss_is_mean_next_token_cross_entropy_with_labels_shifted_inside():
     config = ModelConfig.from_preset("tiny", scheme="mesh")
     model = build_model(config)

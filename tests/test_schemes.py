@@ -1,5 +1,7 @@
 """The state-passing equations, checked against plain re-implementations of each recurrence."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -169,3 +171,24 @@ def test_mesh_buffer_starts_with_embedding_in_slot_zero_and_routers_see_the_ente
     w = torch.softmax(mesh.write_routers[0](stages["prelude"]), -1)
     torch.testing.assert_close(buffer[0], stages["embedding"] + w[..., 0:1] * stages["prelude"])
     torch.testing.assert_close(buffer[3], w[..., 3:4] * stages["prelude"])
+
+
+def test_only_mesh_carries_more_than_the_shared_loop_state(ids):
+    assert [f.name for f in dataclasses.fields(schemes.LoopState)] == ["h", "h_emb", "h0"]
+    h_emb, h_prelude = torch.randn(2, 2, 12, 64).unbind(0)
+    for scheme in ("base", "residual+anchor", "static", "dynamic"):
+        model = build_model(ModelConfig.from_preset("tiny", scheme=scheme))
+        assert type(model.state_passing.begin(h_emb, h_prelude)) is schemes.LoopState, scheme
+    state = mesh_model("1+2R2+1").state_passing.begin(h_emb, h_prelude)
+    assert type(state) is schemes.MeshState and len(state.written) == len(state.write_weights) == 1
+
+
+def test_model_reset_reinitialises_the_scheme_parameters():
+    model = build_model(ModelConfig.from_preset("tiny", scheme="dynamic"))
+    with torch.no_grad():
+        for p in model.state_passing.parameters():
+            p.fill_(7.0)
+    model.reset_parameters()  # the generic normal init, then the scheme's own (zero weights, unit biases)
+    for router in model.state_passing.coefficient_routers:
+        assert router.weight.abs().sum() == 0 and torch.equal(router.bias, torch.ones(3))
+    schemes.StatePassing().reset_parameters()  # the base class has none, and says so without raising
