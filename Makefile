@@ -32,12 +32,16 @@ check: setup
 params: setup
 	$(VENV)/bin/mesh-model params
 
+# The whole suite, slow tests included (FAST=1 skips those marked slow), on every core.
+PYTEST_ARGS ?= -n auto
 test: setup data
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS) $(if $(FAST),-m "not slow")
 
+# ruff, and the layers contract results -> sweeps -> experiments -> mesh_model (pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

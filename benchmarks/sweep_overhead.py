@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/sweep_overhead.py --steps 300 --launcher parallel
 
 Runs ``mesh-sweep`` as a user would (a fresh process, a fresh runs directory), then reads every
-run's ``result.json`` timing (experiments/timing.py): steps (forward/backward/optimizer), the
+run's ``result.json`` timing (experiments/callbacks/timing.py): steps (forward/backward/optimizer), the
 gaps between them (data fetch, logging, checkpoints), validation, set-up before the first step
 and the end of the run (probes, final checkpoint, MLflow). The driver's own cost is the grid's
 wall time minus the runs' totals. Overhead = everything but steps, gaps and validation.

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from mesh_model import MeshTransformer, ModelConfig, build_model
 
 
-class EvalInputError(ValueError):
+class RunInputError(ValueError):
     """A path, run or setting that cannot be evaluated; the message is one line."""
 
 
@@ -37,11 +37,11 @@ def locate(target: str | os.PathLike[str]) -> RunFiles:
     """A checkpoint file or a run directory -> its :class:`RunFiles`."""
     path = Path(target).expanduser()
     if not path.exists():
-        raise EvalInputError(f"{target} does not exist (expected a checkpoint file or a run directory)")
+        raise RunInputError(f"{target} does not exist (expected a checkpoint file or a run directory)")
     if path.is_dir():
         run_dir, checkpoint = path, path / "checkpoints" / "last.ckpt"
         if not checkpoint.is_file():
-            raise EvalInputError(f"{path} has no checkpoints/last.ckpt (not a mesh-train run directory?)")
+            raise RunInputError(f"{path} has no checkpoints/last.ckpt (not a mesh-train run directory?)")
     else:
         checkpoint = path
         parent = path.resolve().parent.parent  # <run dir>/checkpoints/<name>.ckpt
@@ -62,10 +62,10 @@ def load_model(checkpoint: str | os.PathLike[str], device: str | torch.device = 
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises several kinds for a file that is not a checkpoint
-        raise EvalInputError(f"{checkpoint} is not a readable checkpoint: {str(error).splitlines()[0]}") from None
+        raise RunInputError(f"{checkpoint} is not a readable checkpoint: {str(error).splitlines()[0]}") from None
     hparams = state.get("hyper_parameters", {}) if isinstance(state, dict) else {}
     if "model_config" not in hparams or "state_dict" not in state:
-        raise EvalInputError(f"{checkpoint} is not a mesh-train checkpoint (no model_config in its hyper_parameters)")
+        raise RunInputError(f"{checkpoint} is not a mesh-train checkpoint (no model_config in its hyper_parameters)")
     model = build_model(ModelConfig(**hparams["model_config"]))
     prefix = "model."
     weights = {k[len(prefix) :]: v for k, v in state["state_dict"].items() if k.startswith(prefix)}
@@ -79,13 +79,13 @@ def load_tokenizer_and_data(config: dict[str, Any] | None) -> Any:
     Cached by ``mesh-train``, so this only memory-maps files (it rebuilds them if the cache was cleared).
     """
     if config is None or "data" not in config:
-        raise EvalInputError("no config.yaml next to the checkpoint: its tokenizer and validation data are unknown")
+        raise RunInputError("no config.yaml next to the checkpoint: its tokenizer and validation data are unknown")
     from experiments.data import as_data_config, prepare
 
     try:
         prepared = prepare(as_data_config(config["data"]))
     except (OSError, ValueError) as error:
-        raise EvalInputError(f"the run's data cannot be prepared: {str(error).splitlines()[0]}") from None
+        raise RunInputError(f"the run's data cannot be prepared: {str(error).splitlines()[0]}") from None
     if prepared.tokenizer is None:
-        raise EvalInputError("the run has no text tokenizer (data.tokenizer=bpe on an indexed corpus)")
+        raise RunInputError("the run has no text tokenizer (data.tokenizer=bpe on an indexed corpus)")
     return prepared

@@ -1,10 +1,13 @@
-"""The Hydra config tree, as structured configs in the ConfigStore.
+"""The typed schema of one training run, and its registration in Hydra's ConfigStore.
 
-Composition: ``conf/train.yaml`` = the schema :class:`TrainConfig` with the groups ``data``,
-``trainer`` and ``optim``. The model axes are short top-level keys, so a grid reads
-``model=tiny layout=1+2R3+1 scheme=mesh buffer_slots=4 seed=1``. Structured configs run in
-struct mode: an override of a key that does not exist fails at composition, and an unknown
-group option answers with the available ones.
+The options of each group are YAML files under ``experiments/conf/<group>/`` (``ls`` shows
+them); each one starts from its group's schema (``defaults: [schema, _self_]``), so a typo in a
+key fails at composition. ``conf/train.yaml`` = :class:`TrainConfig` + the default groups. The
+model axes are short top-level keys, so a grid reads
+``model=tiny layout=1+2R3+1 scheme=mesh buffer_slots=4 seed=1``.
+
+Every dataclass has one ``validate()`` that raises a one-line :class:`ConfigError`;
+:meth:`TrainConfig.validate` calls the others and ``plan_run`` calls it once, before any compute.
 """
 
 from __future__ import annotations
@@ -13,9 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from experiments.data.config import DataConfig
+from mesh_model import ConfigError
+
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
+PRUNERS = ("median", "none")
+DIRECTIONS = ("minimize", "maximize")
+
+
+def _at_least(field_name: str, value: Any, low: int | float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= low:
+        raise ConfigError(field_name, value, f"must be >= {low}")
 
 
 @dataclass
@@ -29,6 +42,15 @@ class TrainerConfig:
     precision: str | None = None
     deterministic: bool = False
 
+    def validate(self) -> None:
+        if self.accelerator not in ACCELERATORS:
+            raise ConfigError("trainer.accelerator", self.accelerator, f"use one of {', '.join(ACCELERATORS)}")
+        _at_least("trainer.num_nodes", self.num_nodes, 1)
+
+    @property
+    def resolved_precision(self) -> str:
+        return self.precision or ("bf16-mixed" if self.accelerator == "gpu" else "32-true")
+
 
 @dataclass
 class OptimConfig:
@@ -40,6 +62,18 @@ class OptimConfig:
     warmup_fraction: float = 0.01
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
+
+    def validate(self) -> None:
+        if self.lr is not None and not (0 < self.lr < float("inf")):
+            raise ConfigError("optim.lr", self.lr, "must be a finite number > 0 (or null for the preset's)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("optim.betas", list(self.betas), "two numbers in [0, 1)")
+        _at_least("optim.weight_decay", self.weight_decay, 0)
+        _at_least("optim.grad_clip", self.grad_clip, 0)
+        for name in ("warmup_fraction", "min_lr_ratio"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ConfigError(f"optim.{name}", value, "must be in [0, 1]")
 
 
 @dataclass
@@ -53,10 +87,14 @@ class TrackingConfig:
     sweep: str | None = None  # set by mesh-sweep; tagged on the run
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags
 
+    def validate(self) -> None:
+        if not self.experiment:
+            raise ConfigError("tracking.experiment", self.experiment, "give an experiment name")
+
 
 @dataclass
 class ProbeConfig:
-    """Hidden-state probes (experiments/probing.py) on the first ``num_batches`` validation batches:
+    """Hidden-state probes (experiments/probing/) on the first ``num_batches`` validation batches:
     at the end of training, and after every ``every_n_validations``-th validation (0 = only at the end)."""
 
     enabled: bool = True
@@ -64,10 +102,14 @@ class ProbeConfig:
     num_batches: int = 2
     debiased: bool = False
 
+    def validate(self) -> None:
+        _at_least("probes.num_batches", self.num_batches, 1)
+        _at_least("probes.every_n_validations", self.every_n_validations, 0)
+
 
 @dataclass
 class SearchConfig:
-    """An Optuna search (run by ``mesh-sweep``), declared in a sweep file.
+    """An Optuna search (run by ``mesh-sweep``, see sweeps/search.py), declared in a sweep file.
 
     ``params`` maps a config key, or a name used in ``templates``, to a Hydra sweep expression:
     ``tag(log, interval(1e-4, 1e-2))`` (float, log scale), ``interval(0, 1.5)``,
@@ -87,13 +129,21 @@ class SearchConfig:
     storage: str | None = None  # default sqlite:///<runs_dir>/optuna.db
     trial_id: int | None = None
 
+    def validate(self) -> None:
+        _at_least("search.n_trials", self.n_trials, 0)
+        if self.direction not in DIRECTIONS:
+            raise ConfigError("search.direction", self.direction, f"use {' or '.join(DIRECTIONS)}")
+        if self.pruner not in PRUNERS:
+            raise ConfigError("search.pruner", self.pruner, f"use {' or '.join(PRUNERS)}")
+        _at_least("search.pruner_startup_trials", self.pruner_startup_trials, 0)
+
 
 @dataclass
 class TrainConfig:
     """The schema of ``conf/train.yaml``, which adds the default groups and Hydra's own settings."""
 
     # The model axes (see mesh_model.ModelConfig): preset name, layout (null = the preset's),
-    # scheme, MeSH buffer length (null = K+3), and any other ModelConfig field by name.
+    # scheme (or ``vanilla``), MeSH buffer length (null = K+3), any other ModelConfig field by name.
     model: str = "tiny"
     layout: str | None = None
     scheme: str = "base"
@@ -117,29 +167,21 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (one graph: the loop does not recompile)
     activation_checkpointing: bool = False  # recompute each core iteration in backward
 
+    def validate(self) -> None:
+        """Every field of the run, its groups included; the model axes are checked by ModelConfig."""
+        for name in ("max_steps", "val_every", "log_every", "checkpoint_every"):
+            _at_least(name, getattr(self, name), 1)
+        for part in (self.data, self.trainer, self.optim, self.tracking, self.probes, self.search):
+            part.validate()
 
-TRAINERS = {
-    "cpu": TrainerConfig(accelerator="cpu", devices=1),
-    "gpu": TrainerConfig(accelerator="gpu", devices=1),
-    "ddp": TrainerConfig(accelerator="gpu", devices="auto", strategy="ddp"),
-    "fsdp": TrainerConfig(accelerator="gpu", devices="auto", strategy="fsdp"),
-    "ddp_cpu": TrainerConfig(accelerator="cpu", devices=2, strategy="ddp"),
-}
 
-# Corpus presets, as typed nodes rather than instances: DataConfig validates itself when it is
-# built, and ``text``/``indexed`` only become valid once ``data.path`` is given.
-DATASETS = {
-    name: OmegaConf.merge(OmegaConf.structured(DataConfig), {"corpus": name})
-    for name in ("shakespeare", "kjv", "cpython", "text", "hf", "indexed")
-}
+# The schema of each group; the options are the YAML files of experiments/conf/<group>/.
+GROUP_SCHEMAS = {"data": DataConfig, "trainer": TrainerConfig, "optim": OptimConfig}
 
 
 def register_configs() -> None:
-    """Put the tree in Hydra's ConfigStore (idempotent)."""
+    """Put the schemas in Hydra's ConfigStore (idempotent)."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
-    for name, node in DATASETS.items():
-        store.store(group="data", name=name, node=node)
-    for name, node in TRAINERS.items():
-        store.store(group="trainer", name=name, node=node)
-    store.store(group="optim", name="adamw", node=OptimConfig)
+    for group, schema in GROUP_SCHEMAS.items():
+        store.store(group=group, name="schema", node=schema)

@@ -1,7 +1,7 @@
 """Read runs from the MLflow store into a tidy frame: one row per run, tags and final metrics as columns.
 
 Only cell runs are read (a sweep's parent run, tag ``kind=sweep``, is left out). Every run is kept
-whatever its status; :mod:`results.tables` averages only the FINISHED ones and the report lists the
+whatever its status; :mod:`results.aggregate` averages only the FINISHED ones and the report lists the
 others. A metric's value is MLflow's latest (the last step logged).
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.tracking import check_tracking_uri, resolve_tracking_uri
+from experiments.identity import distinguishes_rows
+from experiments.tracking import check_tracking_uri, resolve_tracking_uri, sqlite_path
 
 TAG_COLUMNS = (
     "preset",
@@ -34,12 +35,6 @@ TAG_COLUMNS = (
     "pruned",
 )
 RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "start_time", "end_time", *TAG_COLUMNS, "params")
-# Params that say where or how a run was logged, or that follow from others: never a reason to put
-# two runs in different rows. The grouping ignores them (and the seed).
-IGNORED_PARAMS = ("seed", "config_hash", "runs_dir", "resume", "peak_lr", "val_names", "compile", "log_every")
-IGNORED_PARAMS += ("checkpoint_every",)
-IGNORED_PREFIXES = ("tracking.", "probes.", "search.", "model_config.", "model_config/", "data.cache_dir")
-IGNORED_PREFIXES += ("data.num_workers",)
 AXIS_PARAMS = ("model", "scheme", "layout", "buffer_slots")  # shown in their own columns
 PROBE_ARTIFACT = "probes/final/probes.json"
 
@@ -52,8 +47,7 @@ def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs") ->
     """``--tracking-uri``, then ``$MLFLOW_TRACKING_URI``, then ``sqlite:///<runs_dir>/mlflow.db``
     (as mesh-train resolves it); a sqlite file that does not exist is an error, not a new store."""
     uri = resolve_tracking_uri(tracking_uri, Path(runs_dir).expanduser(), os.environ)
-    if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if (path := sqlite_path(uri)) is not None:
         if not path.exists():
             raise ResultsError(f"no MLflow store at {path}; run a sweep first, or pass --tracking-uri / --runs-dir")
     else:
@@ -175,7 +169,7 @@ def grouping_params(frame: pd.DataFrame) -> list[str]:
     common = set.intersection(*(set(p) for p in dicts))
     keys = []
     for key in sorted(common):
-        if key in IGNORED_PARAMS or key in AXIS_PARAMS or key.startswith(IGNORED_PREFIXES):
+        if key in AXIS_PARAMS or not distinguishes_rows(key):  # experiments.identity: one definition
             continue
         if len({p[key] for p in dicts}) > 1:
             keys.append(key)
@@ -200,7 +194,7 @@ def probe_reports(client: Any, rows: Iterable[Sequence[str]]) -> dict[str, Any]:
     """For each group of run ids (a row's seeds, in order), the first run's
     :class:`~mesh_model.probes.ProbeReport` read from its ``probes/final/probes.json`` artifact:
     run id -> report. Groups where no run has the artifact are left out."""
-    from experiments.probe_files import load_report
+    from experiments.probing.files import load_report
 
     reports = {}
     quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # one bar per file otherwise

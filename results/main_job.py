@@ -1,5 +1,7 @@
 """``mesh-demo``: the main job. The paper's central comparison at CPU scale, from one command.
 
+It runs a grid (sweeps) and then reads it back (results), so it lives in the top layer.
+
 Runs the ``schemes`` grid (vanilla, base, residual, anchor, anchor*, MeSH at the tiny preset's
 1+2R2+1 layout) on the embedded Shakespeare corpus with two seeds, then builds the results
 table, figures and report from MLflow, prints the table, and says where everything is. About
@@ -19,8 +21,8 @@ SWEEP = "schemes"
 def run_main_job(
     steps: int = 400, seeds: int = 2, runs_dir: str = "runs", out: str | None = None, extra: Sequence[str] = ()
 ) -> int:
-    from experiments.sweep import run_sweep
     from results.report import build_report
+    from sweeps.sweep import run_sweep
 
     runs = Path(runs_dir).resolve()
     out_dir = Path(out or f"results/{SWEEP}").resolve()

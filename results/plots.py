@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 
 from mesh_model.probe_plots import _figure, _save, plot_comparison
+from results.aggregate import Results, Row
 from results.paper import PaperRow
-from results.tables import Results, Row
 
 
 def _scheme_colors(rows: Sequence[Row]) -> dict[str, Any]:

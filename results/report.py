@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from results import collect, plots, tables
+from results import collect, plots, render, tables
+from results.aggregate import Results, aggregate, decimals_for, is_accuracy
 from results.paper import load_paper_numbers
-from results.tables import Results, markdown_escape
+from results.render import markdown_escape
 
 FIGURES = "figures"
 
@@ -56,16 +57,16 @@ def build_report(
     paper = load_paper_numbers(paper_file)
     prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
     try:
-        results = tables.aggregate(frame, metric, paper, prefer)
+        results = aggregate(frame, metric, paper, prefer)
     except ValueError as error:
         raise collect.ResultsError(str(error)) from None
 
     output = Output(out, out / "report.md", results)
     main = tables.main_table(results)
-    output.tables += tables.write_table(main, out, "table")
+    output.tables += render.write_table(main, out, "table")
     probes = tables.probe_table(results)
     if probes is not None:
-        output.tables += tables.write_table(probes, out, "probes")
+        output.tables += render.write_table(probes, out, "probes")
     runs = results.runs.drop(columns=["params"])
     output.runs_csv = out / "runs.csv"
     runs.to_csv(output.runs_csv, index=False)
@@ -179,8 +180,8 @@ def _headline(results: Results) -> list[str]:
         pick = min if results.lower_is_better else max
         best = pick(valued, key=lambda r: r.stats[metric].mean)
         stat = best.stats[metric]
-        scale, unit = (100.0, "%") if tables.is_accuracy(metric) else (1.0, "")
-        decimals = tables.decimals_for(metric, stat.mean)
+        scale, unit = (100.0, "%") if is_accuracy(metric) else (1.0, "")
+        decimals = decimals_for(metric, stat.mean)
         line = (
             f"* {markdown_escape(block.name)}: best `{best.label}`, {results.metric_label} {stat.text(decimals, scale)}"
         )
@@ -280,7 +281,7 @@ def render_report(
         lines += ["", "## In short", "", *headline]
     lines += ["", "## Main table", ""]
     if results.rows:
-        lines.append(tables.to_markdown(main, heading="###").rstrip())
+        lines.append(render.to_markdown(main, heading="###").rstrip())
         if not any(row.paper for row in results.rows):
             lines += ["", "No row matches a row of the paper (same preset, scheme and layout), so no paper column."]
     else:
@@ -302,7 +303,7 @@ def render_report(
     if probes is not None or probe_figures:
         lines += ["", "## Probes", ""]
         if probes is not None:
-            lines.append(tables.to_markdown(probes, heading="###").rstrip())
+            lines.append(render.to_markdown(probes, heading="###").rstrip())
         for block, paths in probe_figures.items():
             drawn = ", ".join(
                 f"`{label}` seed {seed}" for label, seed in probe_seeds.items() if label in _labels(results, block)

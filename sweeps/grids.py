@@ -1,26 +1,29 @@
-"""One Hydra config per ablation grid of the paper (``sweeps/<name>.yaml``).
+"""The grids: one Hydra config per ablation grid of the paper, ``sweeps/conf/sweep/<name>.yaml``.
 
 Each file is a ``# @package _global_`` bundle: run settings shared by its cells, and the grid
 itself in ``hydra.sweeper.params``, so both ``mesh-sweep <name>`` and the Hydra-native
-``mesh-train -m +sweep=<name>`` run it. Grids default to the CPU presets; override ``model=``,
-``trainer=`` (and ``layout=`` where a grid lists layouts) for the paper's scale.
+``mesh-train -m +sweep=<name>`` run it (the training config has ``sweeps/conf`` on its search
+path). Grids default to the CPU presets; override ``model=``, ``trainer=`` (and ``layout=``
+where a grid lists layouts) for the paper's scale.
 """
 
 from __future__ import annotations
 
-from importlib import resources
+from experiments.compose import group_options
+from sweeps.config import CONFIG_MODULE
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+GROUP = "sweep"
 
 
 def sweep_names() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in resources.files(__name__).iterdir() if p.name.endswith(".yaml"))
+    return group_options(GROUP, CONFIG_MODULE)
 
 
 def sweep_description(name: str) -> str:
     """The file's leading comment, after the package line, as one line."""
-    text = resources.files(__name__).joinpath(f"{name}.yaml").read_text()
+    from importlib import resources
+
+    text = resources.files(CONFIG_MODULE).joinpath(GROUP, f"{name}.yaml").read_text()
     lines = []
     for line in text.splitlines():
         if not line.startswith("#"):
@@ -28,11 +31,3 @@ def sweep_description(name: str) -> str:
         if "@package" not in line:
             lines.append(line.lstrip("# ").strip())
     return " ".join(lines)
-
-
-def register_sweeps() -> None:
-    """Put every sweep file in the ConfigStore group ``sweep`` (``+sweep=<name>``)."""
-    store = ConfigStore.instance()
-    for name in sweep_names():
-        node = OmegaConf.create(resources.files(__name__).joinpath(f"{name}.yaml").read_text())
-        store.store(group="sweep", name=name, node=node, package="_global_")

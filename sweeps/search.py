@@ -5,8 +5,9 @@ A sweep file with ``search.n_trials > 0`` is a search. The driver keeps the stud
 asks Optuna for as many trials as the launcher runs at once (``launcher=parallel`` or
 ``submitit_local``/``slurm`` run them side by side), launches them as ordinary cells (each an
 MLflow run under the sweep's parent run, tagged with its trial number), and tells Optuna the
-final validation loss. Inside each training process a Lightning callback reports the
-validation loss at every validation and prunes the trial when the pruner says so.
+final validation loss. Inside each training process a Lightning callback
+(experiments/callbacks/pruning.py) reports the validation loss at every validation and prunes the
+trial when the pruner says so.
 
 Re-running the same command resumes the study: finished and pruned trials count towards
 ``n_trials``; trials left running by an interrupted driver are launched again with the same
@@ -20,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-import lightning.pytorch as pl
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 
+from experiments.callbacks.pruning import make_pruner
 from experiments.config import SearchConfig
-from experiments.launchers import Cell, CellOutcome
+from sweeps.cells import Cell, CellOutcome
 
 FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
@@ -77,15 +78,6 @@ def _template_names(template: str) -> set[str]:
     import string
 
     return {field for _, field, _, _ in string.Formatter().parse(template) if field}
-
-
-def make_pruner(pruner: str, startup_trials: int) -> optuna.pruners.BasePruner:
-    """Optuna keeps no pruner in its storage: the driver and every trial process build the same one."""
-    if pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials)
-    if pruner == "none":
-        return optuna.pruners.NopPruner()
-    raise SearchError(f"search.pruner={pruner!r} is invalid: use median or none")
 
 
 def open_study(search: SearchConfig, name: str, storage: str) -> optuna.Study:
@@ -157,21 +149,3 @@ def run_search(
 
 def default_storage(runs_dir: Path) -> str:
     return f"sqlite:///{(runs_dir / 'optuna.db').resolve()}"
-
-
-class OptunaPruning(pl.Callback):
-    """Reports the main validation loss to the trial after every validation; prunes on request."""
-
-    def __init__(self, search: dict, metric: str) -> None:
-        self.metric = metric
-        pruner = make_pruner(search["pruner"], search["pruner_startup_trials"])
-        study = optuna.load_study(study_name=search["study_name"], storage=search["storage"], pruner=pruner)
-        self.trial = optuna.trial.Trial(study, search["trial_id"])
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
-            return
-        step = trainer.global_step
-        self.trial.report(float(trainer.callback_metrics[self.metric]), step)
-        if self.trial.should_prune():
-            raise optuna.TrialPruned(f"trial {self.trial.number} pruned at step {step}")

@@ -20,106 +20,36 @@ sweep file's ``hydra.sweeper.params``. Bookkeeping:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
-from experiments.launchers import (
-    Cell,
-    CellOutcome,
-    LaunchError,
-    launch_local,
-    launch_parallel,
-    launch_submitit,
-    submitit_executor,
-)
-from experiments.overrides import OverrideError, check_overrides, group_options
-from experiments.sweep_config import LAUNCHER_KINDS, LaunchConfig
-from experiments.tracking import TrackingError, open_run, prepare_sqlite_store
-from experiments.train import InputError, plan_run
+from experiments.overrides import OverrideError, check_overrides
+from experiments.plan import InputError, RunPlan, plan_run
+from experiments.tracking import TrackingError, artifact_location, open_run, prepare_sqlite_store
 from mesh_model import ConfigError
-from sweeps import sweep_description, sweep_names
-
-LAUNCH_KEYS = ("launcher", "resources", "seeds")
-
-
-class SweepError(ValueError):
-    """A bad sweep request; the message is one line."""
+from sweeps.cells import Cell, CellOutcome
+from sweeps.config import LaunchConfig
+from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_overrides, split_arguments, sweep_key
+from sweeps.grids import sweep_description, sweep_names
+from sweeps.launchers import LaunchError
 
 
-def split_arguments(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(launch overrides, cell overrides)."""
-    launch, cells = [], []
-    for argument in arguments:
-        key = argument.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
-        (launch if key in LAUNCH_KEYS else cells).append(argument)
-    return launch, cells
+def sweep_dir_for(plan: RunPlan, key: str) -> Path:
+    """``<runs_dir>/<experiment>/sweeps/<key>/``: the parent run's id, the summary, submitit's files."""
+    return plan.run_dir.parent / "sweeps" / key
 
 
-def compose_launch(overrides: Sequence[str]) -> LaunchConfig:
-    normalized = []
-    for override in overrides:  # seeds=3 means seeds 0, 1, 2
-        key, _, value = override.partition("=")
-        if key in ("launcher", "resources") and value not in group_options(key):
-            raise SweepError(f"{key}={value!r} is invalid: known options: {', '.join(group_options(key))}")
-        if key == "seeds" and value.isdigit():
-            value = "[" + ",".join(str(s) for s in range(int(value))) + "]"
-        elif key == "seeds" and not value.startswith("["):
-            value = f"[{value}]"
-        normalized.append(f"{key}={value}")
-    try:
-        launch = OmegaConf.to_object(compose_config(normalized, config_name="launch"))
-    except Exception as error:
-        raise SweepError(str(error).splitlines()[0]) from None
-    assert isinstance(launch, LaunchConfig)
-    if launch.launcher.kind not in LAUNCHER_KINDS:
-        raise SweepError(f"launcher.kind={launch.launcher.kind!r} is invalid: known kinds: {', '.join(LAUNCHER_KINDS)}")
-    return launch
-
-
-def expand_cells(name: str, cell_overrides: Sequence[str], seeds: Sequence[int]) -> list[Cell]:
-    """The grid: the sweep file's params, replaced or extended by comma lists on the command line."""
-    base = compose_config([f"+sweep={name}", *_fixed(cell_overrides)], hydra_config=True)
-    params = dict(OmegaConf.to_container(base.hydra.sweeper.params) or {})
-    parser = OverridesParser.create()
-    fixed = []
-    for override in parser.parse_overrides(list(cell_overrides)):
-        key = override.get_key_element()
-        if override.is_sweep_override() or key in params:  # replaces the axis (one value pins it)
-            params[key] = override.input_line.split("=", 1)[1]
-        else:
-            fixed.append(override.input_line)
-    if seeds:
-        params["seed"] = ",".join(str(s) for s in seeds)
-    axes = parser.parse_overrides([f"{key}={value}" for key, value in params.items()])
-    (combinations,) = BasicSweeper.split_arguments(axes, None)
-    return [Cell(i, [f"+sweep={name}", *fixed, *combo], " ".join(combo)) for i, combo in enumerate(combinations)]
-
-
-def _fixed(cell_overrides: Sequence[str]) -> list[str]:
-    parsed = OverridesParser.create().parse_overrides(list(cell_overrides))
-    return [o.input_line for o in parsed if not o.is_sweep_override()]
-
-
-def sweep_key(name: str, cells: Sequence[Cell]) -> str:
-    digest = hashlib.sha256(json.dumps([c.overrides for c in cells]).encode()).hexdigest()[:10]
-    return f"{name}-{digest}"
-
-
-def parent_run(name: str, key: str, cells: Sequence[Cell], plans: list) -> tuple[str, str, Path]:
+def parent_run(name: str, key: str, cells: Sequence[Cell], plans: Sequence[RunPlan]) -> tuple[str, str, Path]:
     """(tracking URI, parent run id, sweep dir); the parent is reused when the sweep re-runs."""
     import mlflow
 
     first = plans[0]
-    sweep_dir = first.run_dir.parent / "sweeps" / key
+    sweep_dir = sweep_dir_for(first, key)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     prepare_sqlite_store(first.tracking_uri)
     client = mlflow.MlflowClient(first.tracking_uri)
@@ -129,20 +59,11 @@ def parent_run(name: str, key: str, cells: Sequence[Cell], plans: list) -> tuple
         client.update_run(run_id, status="RUNNING")
     else:
         tags = {"sweep": name, "kind": "sweep", "cells": str(len(cells))}
-        artifacts = (first.run_dir.parent / "mlartifacts").as_uri() if first.tracking_uri.startswith("sqlite") else None
-        run_id = open_run(client, first.config["tracking"]["experiment"], f"sweep:{key}", tags, artifacts)
+        artifacts = artifact_location(first.tracking_uri, first.run_dir.parent)
+        run_id = open_run(client, first.experiment, f"sweep:{key}", tags, artifacts)
         client.log_dict(run_id, {"cells": [c.overrides for c in cells]}, "cells.json")
         id_file.write_text(run_id)
     return first.tracking_uri, run_id, sweep_dir
-
-
-def dispatch(cells: Sequence[Cell], launch: LaunchConfig, sweep_dir: Path) -> Iterable[CellOutcome]:
-    kind = launch.launcher.kind
-    if kind == "local":
-        return launch_local(cells)
-    if kind == "parallel":
-        return launch_parallel(cells, launch.launcher.workers, launch.resources.cpus_per_task)
-    return launch_submitit(cells, sweep_dir / "submitit", launch, local=kind == "submitit_local")
 
 
 def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sys.stdout) -> int:
@@ -151,13 +72,12 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)
-    base = compose_config([f"+sweep={name}", *_fixed(cell_overrides)])
+    base = compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)])
     if base.search.n_trials > 0:
         return run_search_sweep(name, base, cell_overrides, launch, dry_run, out)
     cells = expand_cells(name, cell_overrides, launch.seeds)
-    if launch.resources.gpus_per_node > 0 and launch.launcher.kind == "slurm":
-        devices = [f"trainer.devices={launch.resources.gpus_per_node}", f"trainer.num_nodes={launch.resources.nodes}"]
-        cells = [Cell(c.index, [*c.overrides, *devices], c.label) for c in cells]
+    if extra := launch.launcher.cell_overrides(launch.resources):
+        cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
     plans = [plan_run(compose_config(c.overrides)) for c in cells]  # every cell checked before compute
     if dry_run:
         print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
@@ -166,9 +86,8 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
             print(f"  {cell.index:3d}  {cell.label}{done}", file=out)
         return 0
 
-    if launch.launcher.kind == "slurm":
-        submitit_executor(Path(tempfile.gettempdir()), launch, local=False)  # fails fast without SLURM
     key = sweep_key(name, cells)
+    launch.launcher.check(sweep_dir_for(plans[0], key) / "submitit", launch.resources)
     tracking_uri, parent_id, sweep_dir = parent_run(name, key, cells, plans)
     outcomes: dict[int, CellOutcome] = {}
     pending = []
@@ -181,10 +100,10 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     fixed = " ".join(o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split())
     print(
         f"[mesh-sweep] {name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
-        f"{len(pending)} to run with launcher={launch.launcher.kind}; every cell: {fixed or '(defaults)'}",
+        f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {fixed or '(defaults)'}",
         file=out,
     )
-    for outcome in dispatch(pending, launch, sweep_dir):
+    for outcome in launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit"):
         outcome.overrides, outcome.label = cells[outcome.index].overrides, cells[outcome.index].label
         outcomes[outcome.index] = outcome
         print(f"[mesh-sweep] cell {outcome.index}: {outcome.status} {outcome.label}", file=out)
@@ -197,8 +116,8 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
 
 
 def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: LaunchConfig, dry_run: bool, out) -> int:
-    """An Optuna search (experiments/search.py); trials are cells under the sweep's parent run."""
-    from experiments.search import SearchError, default_storage, distributions, run_search
+    """An Optuna search (sweeps/search.py); trials are cells under the sweep's parent run."""
+    from sweeps.search import SearchError, default_storage, distributions, run_search
 
     search = OmegaConf.to_object(base.search)
     try:
@@ -216,18 +135,17 @@ def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: Lau
         for param, distribution in space.items():
             print(f"  {param}: {distribution}", file=out)
         return 0
+    launch.launcher.check(sweep_dir_for(plan, key) / "submitit", launch.resources)
     tracking_uri, parent_id, sweep_dir = parent_run(name, key, [Cell(0, overrides)], [plan])
     base_overrides = [*overrides, f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
-    kind = launch.launcher.kind
-    round_size = 1 if kind == "local" else launch.launcher.max_parallel if kind == "slurm" else launch.launcher.workers
     print(f"[mesh-sweep] {name}: Optuna search to {search.n_trials} trials, study {study_name!r}", file=out)
     study, outcomes = run_search(
         search,
         study_name,
         storage,
         base_overrides,
-        lambda cells: dispatch(cells, launch, sweep_dir),
-        round_size,
+        lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit"),
+        launch.launcher.concurrency,
         lambda o: print(f"[mesh-sweep] trial {o.index}: {o.status} {o.label}", file=out),
     )
     _close_parent(tracking_uri, parent_id, outcomes)

@@ -43,7 +43,7 @@ def test_defaults_are_valid():
 )
 def test_bad_fields_fail_with_one_line(changes, message):
     with pytest.raises(ValueError) as info:
-        DataConfig(**changes)
+        DataConfig(**changes).validate()
     assert isinstance(info.value, ConfigError)
     assert str(info.value) == message and "\n" not in message
 

@@ -304,7 +304,7 @@ def test_local_tasks_at_0_and_5_shots_land_in_the_mlflow_run(trained_run):
 def test_mesh_lm_from_checkpoint_and_the_registry(trained_run):
     from lm_eval.api.registry import get_model
 
-    from experiments.evaluation.checkpoint import load_model
+    from experiments.checkpoints import load_model
 
     assert get_model("mesh") is MeshLM
     checkpoint = Path(trained_run[1]["run_dir"]) / "checkpoints" / "last.ckpt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlflow
 
-from experiments.main_job import run_main_job
+from results.main_job import run_main_job
 
 REDUCED = ["data.seq_len=32", "data.batch_size=4", "data.val_batches=1", "log_every=2"]
 

@@ -17,9 +17,11 @@ from test_train import compose_train
 from experiments.data.config import DataConfig
 from experiments.data.datamodule import TokenDataModule
 from experiments.data.prepare import prepare
-from experiments.probe_cli import main as probe_main
-from experiments.probing import ProbeCallback, held_out_batches, load_report, probe_callbacks
-from experiments.train import InputError, padded_vocab, train
+from experiments.plan import InputError
+from experiments.probing.callback import ProbeCallback, held_out_batches, probe_callbacks
+from experiments.probing.cli import main as probe_main
+from experiments.probing.files import load_report
+from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
 
 MESH_PROBE = str(Path(sys.executable).parent / "mesh-probe")
@@ -104,18 +106,20 @@ def test_cli_bad_paths_answer_with_one_line(tmp_path, capsys):
     result = subprocess.run([MESH_PROBE, str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"error: '{tmp_path / 'missing'}' does not exist (give a run dir or a .ckpt file)"
+        f"error: {tmp_path / 'missing'} does not exist (expected a checkpoint file or a run directory)"
     ]
     assert probe_main([str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"error: '{tmp_path}' has no checkpoints/last.ckpt\n"
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path} has no checkpoints/last.ckpt (not a mesh-train run directory?)\n"
+    )
 
 
 def test_held_out_batches_are_the_first_validation_batches():
     data = DataConfig(**DATA)
     batches = held_out_batches(data, prepare(data), 2)
-    loader = TokenDataModule(data).val_dataloader()[0]
+    loader = list(TokenDataModule(data).val_dataloader()[0])  # data.val_batches=2: two batches
     assert len(batches) == 2 and all(b.shape == (8, 64) and b.dtype == torch.int64 for b in batches)
-    for ours, theirs in zip(batches, loader, strict=False):
+    for ours, theirs in zip(batches, loader, strict=True):
         assert torch.equal(ours, theirs)
     assert torch.equal(torch.cat(held_out_batches(data, prepare(data), 1)), batches[0])
 

@@ -17,9 +17,10 @@ import pandas as pd
 import pytest
 from mlflow.entities import Metric, Param
 
+from results.aggregate import Stat
 from results.cli import main
 from results.paper import load_paper_numbers, paper_values
-from results.tables import Stat, latex_escape
+from results.render import latex_escape
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -276,7 +277,7 @@ TRAIN = ["max_steps=6", "val_every=3", "log_every=2", "checkpoint_every=3", "dat
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from experiments.sweep import run_sweep
+    from sweeps.sweep import run_sweep
 
     runs = tmp_path_factory.mktemp("trained")
     assert run_sweep("schemes", ["scheme=base,mesh", "seeds=2", *TRAIN, "data.val_batches=1", f"runs_dir={runs}"]) == 0

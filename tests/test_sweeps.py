@@ -14,10 +14,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
-from experiments.launchers import submitit_executor
-from experiments.sweep import compose_launch, expand_cells, main, run_sweep
-from experiments.train import plan_run, train
-from sweeps import sweep_names
+from experiments.plan import plan_run
+from experiments.train import train
+from sweeps.grid import compose_launch, expand_cells
+from sweeps.grids import sweep_names
+from sweeps.launchers import SlurmLauncher
+from sweeps.sweep import main, run_sweep
 
 # Every sweep file must appear here with its default grid: a new file without a test fails.
 EXPECTED_GRIDS = {
@@ -63,7 +65,7 @@ def test_every_sweep_file_has_a_test():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_SEARCHES))
 def test_every_search_composes_with_its_space(name, tmp_path):
-    from experiments.search import distributions, trial_overrides
+    from sweeps.search import distributions, trial_overrides
 
     cfg = compose_config([f"+sweep={name}", f"runs_dir={tmp_path}"])
     search = OmegaConf.to_object(cfg.search)
@@ -150,9 +152,9 @@ def test_slurm_launcher_composes_with_its_resources(tmp_path, monkeypatch):
     launch = compose_launch(
         ["launcher=slurm", "launcher.partition=gpu", "launcher.account=lab", "resources=gpu4", "resources.time_min=90"]
     )
-    assert launch.launcher.kind == "slurm" and launch.launcher.partition == "gpu"
+    assert isinstance(launch.launcher, SlurmLauncher) and launch.launcher.partition == "gpu"
     assert launch.resources.gpus_per_node == 4 and launch.resources.time_min == 90
-    executor = submitit_executor(tmp_path, launch, local=False)
+    executor = launch.launcher.executor(tmp_path, launch.resources)
     script = executor._executor._make_submission_file_text("python job.py", "uid")
     for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --gpus-per-node=4"):
         assert line in script

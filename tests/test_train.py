@@ -130,7 +130,7 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path):
     run_dir = Path(tags["run_dir"])
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     assert (run_dir / "mlflow_run_id").read_text() == run.info.run_id
-    # Where the wall time went (experiments/timing.py): the parts add up to the total.
+    # Where the wall time went (experiments/callbacks/timing.py): the parts add up to the total.
     timing = json.loads((run_dir / "result.json").read_text())["timing"]
     parts = ("setup_s", "steps_s", "between_steps_s", "validation_s", "end_s")
     assert all(timing[p] >= 0 for p in parts) and timing["steps_s"] > 0 and timing["validation_s"] > 0

@@ -38,6 +38,7 @@ def _info(args: argparse.Namespace) -> int:
         extra_val=args.extra_val,
         cache_dir=args.cache_dir,
     )
+    cfg.validate()
     start = time.perf_counter()
     data = prepare(cfg)
     print(f"cache: {cache_root(cfg.cache_dir)}")

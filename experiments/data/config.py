@@ -1,7 +1,9 @@
 """DataConfig: which text, which tokenizer, how it is cut into batches.
 
 Only plain field types (str, int, float, bool, optional ones, list[str]) so Hydra can register it
-as a structured config. Every bad value fails with one line naming the field (a ``ConfigError``).
+as a structured config. :meth:`DataConfig.validate` fails with one line naming the field (a
+``ConfigError``); the training path calls it once, from ``plan_run``, and readers of a saved
+config through :func:`as_data_config`.
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ class DataConfig:
     extra_val: list[str] = field(default_factory=list)
     num_workers: int = 0
     cache_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise a one-line ``ConfigError`` (a ValueError) for the first bad field."""
@@ -86,4 +85,6 @@ def as_data_config(cfg: object) -> DataConfig:
     values = {name: get(name) for name in names if get(name) is not None}
     if "extra_val" in values:
         values["extra_val"] = [str(v) for v in values["extra_val"]]
-    return DataConfig(**values)
+    config = DataConfig(**values)
+    config.validate()
+    return config

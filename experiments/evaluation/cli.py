@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any, NoReturn
 
-from experiments.evaluation.checkpoint import EvalInputError
+from experiments.checkpoints import RunInputError
 from experiments.evaluation.evaluate import EvalSettings, evaluate
 from experiments.evaluation.suites import SUITES, TaskError
 from experiments.tracking import TrackingError
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("lm_eval").setLevel(logging.INFO if args.verbose else logging.ERROR)
     try:
         report = evaluate(settings_from(args))
-    except (EvalInputError, TaskError, TrackingError) as error:
+    except (RunInputError, TaskError, TrackingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(summary(report))

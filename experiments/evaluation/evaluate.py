@@ -25,15 +25,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.evaluation.checkpoint import (
-    EvalInputError,
+from experiments.checkpoints import (
     RunFiles,
+    RunInputError,
     load_model,
     load_tokenizer_and_data,
     locate,
 )
 from experiments.evaluation.suites import expand_suites, headline_metric, task_manager, task_specs
-from experiments.tracking import check_tracking_uri, resolve_tracking_uri
+from experiments.tracking import check_tracking_uri, log_metrics, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,14 @@ class Target:
 def resolve_target(settings: EvalSettings) -> Target:
     """The checkpoint, its run directory and the MLflow run to log into, all checked."""
     if (settings.target is None) == (settings.run is None):
-        raise EvalInputError("give a checkpoint or run directory, or --run RUN_ID (one of them)")
+        raise RunInputError("give a checkpoint or run directory, or --run RUN_ID (one of them)")
     if settings.run is not None:
         uri = resolve_tracking_uri(settings.tracking_uri, Path("runs").resolve(), os.environ)
         check_tracking_uri(uri)
         run = _get_run(uri, settings.run)
         run_dir = run.data.tags.get("run_dir")
         if not run_dir:
-            raise EvalInputError(f"MLflow run {settings.run} has no run_dir tag (not a mesh-train run)")
+            raise RunInputError(f"MLflow run {settings.run} has no run_dir tag (not a mesh-train run)")
         return Target(locate(run_dir), settings.run, uri)
     files = locate(settings.target)  # type: ignore[arg-type]
     if files.run_id is None or not settings.mlflow:
@@ -95,13 +95,13 @@ def _get_run(uri: str, run_id: str) -> Any:
     try:
         return mlflow.MlflowClient(uri).get_run(run_id)
     except MlflowException:
-        raise EvalInputError(f"MLflow run {run_id} not found at {uri} (pass --tracking-uri)") from None
+        raise RunInputError(f"MLflow run {run_id} not found at {uri} (pass --tracking-uri)") from None
 
 
 def evaluate(settings: EvalSettings) -> dict[str, Any]:
     """Evaluate one checkpoint; return the report (also logged to its MLflow run when it has one)."""
     if any(k < 0 for k in settings.shots) or not settings.shots:
-        raise EvalInputError(f"shots={settings.shots} is invalid: non-negative integers, e.g. 0,5")
+        raise RunInputError(f"shots={settings.shots} is invalid: non-negative integers, e.g. 0,5")
     target = resolve_target(settings)
     names = expand_suites(settings.tasks)
     include = [Path(p).expanduser().resolve() for p in settings.include_paths]
@@ -219,13 +219,9 @@ def _write_report(report: dict[str, Any], output: str | None, run_dir: Path | No
 def log_to_mlflow(uri: str, run_id: str, metrics: dict[str, float], step: int, report: Path | None) -> None:
     """Metrics at ``step`` (1000 per request, MLflow's limit) and the report as an ``eval/`` artifact."""
     import mlflow
-    from mlflow.entities import Metric
 
     client = mlflow.MlflowClient(uri)
-    now = int(time.time() * 1000)
-    items = [Metric(k, v, now, step) for k, v in sorted(metrics.items())]
-    for start in range(0, len(items), 1000):
-        client.log_batch(run_id, metrics=items[start : start + 1000])
+    count = log_metrics(client, run_id, metrics, step)
     if report is not None:
         client.log_artifact(run_id, str(report), artifact_path="eval")
-    print(f"[mesh-eval] {len(items)} metrics logged to MLflow run {run_id} at step {step}", file=sys.stderr)
+    print(f"[mesh-eval] {count} metrics logged to MLflow run {run_id} at step {step}", file=sys.stderr)

@@ -106,7 +106,7 @@ class MeshLM(TemplateLM):
         if checkpoint is not None:
             if model is not None:
                 raise ValueError("pass either checkpoint or model, not both")
-            from experiments.evaluation.checkpoint import load_model, load_tokenizer_and_data, locate
+            from experiments.checkpoints import load_model, load_tokenizer_and_data, locate
 
             files = locate(checkpoint)
             model, _ = load_model(files.checkpoint)

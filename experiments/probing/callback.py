@@ -25,17 +25,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from experiments.config import ProbeConfig
 from experiments.data.config import DataConfig
 from experiments.data.datamodule import TokenWindows
 from experiments.data.prepare import PreparedData
-from experiments.probe_files import (  # noqa: F401  (re-exported)
-    PROBE_DIR,
-    REPORT_FILE,
-    load_report,
-    report_from_dict,
-    report_to_dict,
-    write_probe_files,
-)
+from experiments.probing.files import PROBE_DIR, write_probe_files
 from mesh_model.probes import probe_report
 
 
@@ -65,10 +59,7 @@ class ProbeCallback(pl.Callback):
     def __init__(
         self, run_dir: str | Path, every_n_validations: int = 0, num_batches: int = 2, debiased: bool = False
     ) -> None:
-        if every_n_validations < 0 or num_batches < 1:
-            raise ValueError(
-                f"probes: every_n_validations={every_n_validations} must be >= 0 and num_batches={num_batches} >= 1"
-            )
+        ProbeConfig(every_n_validations=every_n_validations, num_batches=num_batches).validate()
         self.run_dir = Path(run_dir)
         self.every_n_validations = every_n_validations
         self.num_batches = num_batches
@@ -159,13 +150,4 @@ def probe_callbacks(probes: dict[str, Any], run_dir: str | Path) -> list[ProbeCa
     ]
 
 
-__all__ = [
-    "ProbeCallback",
-    "describe_batches",
-    "held_out_batches",
-    "load_report",
-    "probe_callbacks",
-    "report_from_dict",
-    "report_to_dict",
-    "write_probe_files",
-]
+__all__ = ["ProbeCallback", "describe_batches", "held_out_batches", "probe_callbacks"]

@@ -1,0 +1,2 @@
+"""The Lightning callbacks of a training run: atomic checkpoints, wall-time accounting, Optuna
+pruning. (The probing callback lives with the rest of the probe code, in experiments/probing/.)"""

@@ -1,0 +1,105 @@
+"""What makes two runs the same run: one definition for the run hash and for table rows.
+
+A run is identified by what it computes: the resolved model (:func:`model_config_for`, the one
+place ``scheme=vanilla`` is resolved) and every other config key except those in
+:data:`RUN_INVARIANT_KEYS`, which say where a run is logged, how fast it goes or how often it
+reports. Equivalent spellings (``anchor*`` / ``anchor_emb``, ``2+4r2+2`` / ``2+4R2+2``, MeSH with
+``buffer_slots`` left to its default or set to K+3) resolve to the same model and the same hash.
+
+``results`` groups runs into table rows with :func:`distinguishes_rows`: two runs are replicates
+of one row when they differ only in keys that are run-invariant, in the seed, or in what is
+derived from the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mesh_model import PRESETS, ConfigError, ModelConfig
+
+# Config keys (dotted; a key covers its children) that do not change what a run computes.
+RUN_INVARIANT_KEYS = (
+    "tracking",
+    "runs_dir",
+    "resume",
+    "probes",
+    "search",
+    "data.num_workers",
+    "data.cache_dir",
+    "compile",  # the same math, traced into one graph
+    "activation_checkpointing",  # the same math, recomputed in backward
+    "log_every",
+    "checkpoint_every",
+)
+# The model axes of the config; the hash takes the model they resolve to instead.
+MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")
+# What repeats a cell: runs that differ only in it are replicates of one row.
+REPLICATE_KEY = "seed"
+# Params logged beside the config that follow from it (model_config.* from the resolved model,
+# model_config/* and val_names from Lightning's hyperparameters, the hash itself, the preset's LR).
+DERIVED_PARAMS = ("config_hash", "peak_lr", "val_names", "model_config.", "model_config/")
+VANILLA = "vanilla"
+
+
+def _covers(prefixes: tuple[str, ...], key: str) -> bool:
+    return any(key == p or key.startswith(p if p.endswith((".", "/")) else f"{p}.") for p in prefixes)
+
+
+def changes_computation(key: str) -> bool:
+    """True when the dotted config ``key`` changes what a run computes (and so its hash)."""
+    return not _covers(RUN_INVARIANT_KEYS, key)
+
+
+def distinguishes_rows(param: str) -> bool:
+    """True when two runs that log different values of ``param`` belong in different table rows."""
+    return param != REPLICATE_KEY and changes_computation(param) and not _covers(DERIVED_PARAMS, param)
+
+
+def model_config_for(cfg: Mapping[str, Any], vocab_size: int | None = None) -> ModelConfig:
+    """The run's ModelConfig. ``scheme=vanilla`` means the plain model at the compute depth of
+    the layout (so a grid over schemes includes its compute-matched baseline)."""
+    if cfg["model"] not in PRESETS:
+        raise ConfigError("model", cfg["model"], f"known presets: {', '.join(PRESETS)}")
+    overrides: dict[str, Any] = dict(cfg.get("model_overrides") or {})
+    vanilla = cfg["scheme"] == VANILLA
+    overrides["scheme"] = "base" if vanilla else cfg["scheme"]
+    overrides["buffer_slots"] = None if vanilla else cfg["buffer_slots"]
+    if cfg["layout"] is not None:
+        overrides["layout"] = str(cfg["layout"])
+    if vocab_size is not None:
+        overrides.setdefault("vocab_size", vocab_size)
+    config = ModelConfig.from_preset(cfg["model"], **overrides)
+    return config.vanilla() if vanilla else config
+
+
+def _prune(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    kept = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if not changes_computation(dotted):
+            continue
+        kept[key] = _prune(value, f"{dotted}.") if isinstance(value, Mapping) else value
+    return kept
+
+
+def identity_fields(config: Mapping[str, Any], model_config: ModelConfig) -> dict[str, Any]:
+    """What a run's hash is computed from: the resolved model (MeSH's effective B; none for other
+    schemes) and every config key that changes the computation, model axes excluded."""
+    model = {**model_config.to_dict(), "buffer_slots": model_config.slots}
+    rest = _prune({k: v for k, v in config.items() if k not in MODEL_AXES})
+    return json.loads(json.dumps({"model": model, **rest}, default=str))
+
+
+def config_hash(config: Mapping[str, Any], model_config: ModelConfig) -> str:
+    fields = identity_fields(config, model_config)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_key(model_config: ModelConfig, seed: int, digest: str) -> str:
+    """The run's folder name: readable coordinates, then the hash that makes it unique."""
+    scheme = model_config.scheme.replace("*", "x").replace("+", "_")
+    slots = f"-B{model_config.slots}" if model_config.slots else ""
+    return f"{model_config.preset}-{model_config.layout}-{scheme}{slots}-s{seed}-{digest[:8]}"

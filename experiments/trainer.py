@@ -1,0 +1,79 @@
+"""The Lightning side of a run: the module and the Trainer with its logger and callbacks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from experiments.callbacks.checkpointing import AtomicModelCheckpoint
+from experiments.lit_module import MeshLitModule
+from experiments.plan import RunPlan
+from experiments.probing.callback import probe_callbacks
+from mesh_model import ModelConfig
+
+
+def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str]) -> MeshLitModule:
+    return MeshLitModule(
+        model_config=model_config.to_dict(),
+        optim=plan.optim,
+        peak_lr=plan.peak_lr,
+        max_steps=plan.config["max_steps"],
+        val_names=val_names,
+        compile=plan.config["compile"],
+        activation_checkpointing=plan.config["activation_checkpointing"],
+    )
+
+
+def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
+    """Checkpoints every ``checkpoint_every`` steps (and ``last.ckpt``), probes, search pruning."""
+    checkpoint = AtomicModelCheckpoint(
+        dirpath=plan.checkpoint_dir,
+        filename="step{step}",
+        every_n_train_steps=plan.config["checkpoint_every"],
+        save_last=True,
+        save_top_k=1,
+        auto_insert_metric_name=False,
+    )
+    callbacks: list[pl.Callback] = [checkpoint, *probe_callbacks(plan.config["probes"], plan.run_dir)]
+    search = plan.config["search"]
+    if search["trial_id"] is not None:  # a trial of an Optuna search (sweeps/search.py)
+        from experiments.callbacks.pruning import OptunaPruning
+
+        callbacks.append(OptunaPruning(search, f"val/{val_names[0]}/loss"))
+    return callbacks
+
+
+def cluster_plugins() -> list:
+    """Under SLURM, submitit owns requeue (see sweeps/launchers.py): Lightning's own SIGUSR1
+    auto-requeue is switched off so a preempted job is requeued exactly once."""
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def build_trainer(plan: RunPlan, run_id: str | None, callbacks: list[pl.Callback]) -> pl.Trainer:
+    """The Trainer of ``plan``, logging into MLflow run ``run_id`` (None on ranks other than 0:
+    Lightning's MLFlowLogger is a no-op there)."""
+    logger: Any = MLFlowLogger(experiment_name=plan.experiment, tracking_uri=plan.tracking_uri, run_id=run_id)
+    return pl.Trainer(
+        plugins=cluster_plugins(),
+        accelerator=plan.trainer.accelerator,
+        devices=plan.trainer.devices,
+        num_nodes=plan.trainer.num_nodes,
+        strategy=plan.trainer.strategy,
+        precision=plan.trainer.resolved_precision,
+        deterministic=plan.trainer.deterministic,
+        max_steps=plan.config["max_steps"],
+        val_check_interval=plan.config["val_every"],
+        check_val_every_n_epoch=None,
+        log_every_n_steps=plan.config["log_every"],
+        gradient_clip_val=plan.optim.grad_clip,
+        logger=logger,
+        callbacks=callbacks,
+        enable_progress_bar=sys.stderr.isatty(),
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(plan.run_dir),
+    )

@@ -1,0 +1,283 @@
+"""Rows of runs that differ only by seed, blocks of compute-matched rows, mean ± std with n.
+
+Rows: finished runs that differ only by seed (same preset, layout, scheme, B and other overrides)
+form one row; each metric is the mean ± sample standard deviation (ddof=1) over those seeds with n
+(one seed: the value and "n=1", no spread). Blocks: rows of the same preset and the same compute
+depth (a looped layout is compute-matched with the vanilla model of its unrolled depth).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from mesh_model import ConfigError, Layout
+from results.collect import RUN_COLUMNS, grouping_params, overrides_label, validation_sets
+from results.paper import PaperRow, PaperValue, paper_values
+
+# Paper order of the schemes within a block; others follow by name.
+SCHEME_ORDER = (
+    "vanilla",
+    "base",
+    "residual",
+    "anchor_emb",
+    "anchor",
+    "residual+anchor",
+    "residual+anchor+anchor_emb",
+    "anchor+anchor_emb",
+    "static",
+    "dynamic",
+    "mesh",
+)
+NOT_METRICS = {*RUN_COLUMNS, "main_set"}
+
+
+# ---------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A metric over the seeds of one row."""
+
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float | None:
+        """Sample standard deviation (ddof=1); None for a single seed."""
+        return statistics.stdev(self.values) if self.n > 1 else None
+
+    def text(self, decimals: int, scale: float = 1.0) -> str:
+        mean = f"{self.mean * scale:.{decimals}f}"
+        if self.std is None:
+            return f"{mean} (n=1)"
+        return f"{mean} ± {self.std * scale:.{decimals}f} (n={self.n})"
+
+
+def is_accuracy(metric: str) -> bool:
+    """Downstream accuracies (``eval/<k>shot/...``): fractions, shown in %, higher is better."""
+    return metric.startswith("eval/") and "shot/" in metric
+
+
+def decimals_for(metric: str, value: float) -> int:
+    if metric.endswith("ppl"):
+        return 3 if abs(value) < 100 else 1
+    if is_accuracy(metric):
+        return 2  # shown in %
+    if metric.startswith("probe/"):
+        return 3
+    return 4
+
+
+# ---------------------------------------------------------------- rows and blocks
+
+
+@dataclass
+class Row:
+    """Finished runs that differ only by seed."""
+
+    preset: str
+    scheme: str
+    layout: str
+    buffer_slots: str
+    overrides: str
+    run_ids: list[str]
+    seeds: list[str]
+    stats: dict[str, Stat]
+    paper: dict[str, PaperValue] = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int | None:
+        try:
+            return Layout.parse(self.layout).compute_depth
+        except ConfigError:
+            return None
+
+    @property
+    def shared_fraction(self) -> float:
+        """Distinct layers / compute depth of the layout: 1 for vanilla, smaller the more is looped."""
+        try:
+            layout = Layout.parse(self.layout)
+        except ConfigError:
+            return 0.0
+        return layout.distinct_layers / layout.compute_depth
+
+    @property
+    def loops(self) -> int:
+        try:
+            return Layout.parse(self.layout).loops
+        except ConfigError:
+            return 0
+
+    @property
+    def label(self) -> str:
+        """Short unique name in a block, for legends: ``mesh 1+2R2+1 B5 max_steps=12``."""
+        parts = [self.scheme, self.layout]
+        if self.buffer_slots:
+            parts.append(f"B{self.buffer_slots}")
+        if self.overrides:
+            parts.append(self.overrides)
+        return " ".join(parts)
+
+    @property
+    def n(self) -> int:
+        return len(self.run_ids)
+
+    def mean(self, metric: str) -> float | None:
+        stat = self.stats.get(metric)
+        return stat.mean if stat else None
+
+
+@dataclass
+class Block:
+    preset: str
+    depth: int | None
+    rows: list[Row]
+
+    @property
+    def name(self) -> str:
+        return f"{self.preset}, compute depth {self.depth}" if self.depth else self.preset
+
+    def reference(self, row: Row, scheme: str, same_layout: bool) -> Row | None:
+        """The row of ``scheme`` that ``row`` is compared with: same overrides if there is one."""
+        candidates = [r for r in self.rows if r.scheme == scheme and (not same_layout or r.layout == row.layout)]
+        same = [r for r in candidates if r.overrides == row.overrides]
+        return (same or candidates or [None])[0]
+
+
+@dataclass
+class Results:
+    """Everything the tables, plots and report are made of."""
+
+    blocks: list[Block]
+    runs: pd.DataFrame  # every run read, whatever its status, with a ``row`` column (label) for finished ones
+    sets: list[str]  # validation sets, main first
+    metric: str  # the key metric asked for
+    ppl_metric: str  # what deltas and plots use: the PPL of the key metric's set (or the metric itself)
+    lower_is_better: bool
+    group_keys: list[str]  # params besides the seed that differ between rows
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for block in self.blocks for row in block.rows]
+
+    @property
+    def metric_label(self) -> str:
+        """How figures and the summary name :attr:`ppl_metric`."""
+        if self.ppl_metric == "val_ppl":
+            return f"validation PPL ({self.sets[0] if self.sets else 'main set'})"
+        return f"{self.ppl_metric} (%)" if is_accuracy(self.ppl_metric) else self.ppl_metric
+
+
+def ppl_metric_for(metric: str) -> tuple[str, bool]:
+    """(the metric deltas and plots use, lower is better) for the key metric."""
+    if metric == "val_loss" or metric == "val_ppl":
+        return "val_ppl", True
+    parts = metric.split("/")
+    if metric.startswith("val/") and len(parts) == 3 and parts[2] in ("loss", "ppl"):
+        return f"val/{parts[1]}/ppl", True
+    if metric.startswith(("eval/loss/", "eval/ppl/")):
+        return f"eval/ppl/{parts[-1]}", True
+    return metric, not is_accuracy(metric)
+
+
+def _scheme_rank(scheme: str) -> tuple[int, str]:
+    return (SCHEME_ORDER.index(scheme), "") if scheme in SCHEME_ORDER else (len(SCHEME_ORDER), scheme)
+
+
+def _slots_rank(slots: str) -> float:
+    try:
+        return float(slots)
+    except ValueError:
+        return -1.0
+
+
+def _preset_rank(preset: str) -> tuple[int, str]:
+    from mesh_model import PRESETS
+
+    names = list(PRESETS)
+    return (names.index(preset), "") if preset in names else (len(names), preset)
+
+
+def aggregate(
+    frame: pd.DataFrame,
+    metric: str = "val_loss",
+    paper: Sequence[PaperRow] = (),
+    prefer: tuple[str, ...] = (),
+) -> Results:
+    """Group the finished runs of ``frame`` (from :func:`results.collect.collect_runs`) into rows and blocks."""
+    frame = frame.copy()
+    metric_columns = [c for c in frame.columns if c not in NOT_METRICS]
+    finished = frame[frame["status"] == "FINISHED"]
+    if metric not in metric_columns and len(finished):
+        known = ", ".join(sorted(c for c in metric_columns if not c.startswith("probe/"))) or "(none)"
+        raise ValueError(f"--metric {metric!r} is not logged by these runs; known: {known}")
+    keys = grouping_params(frame)
+    frame["overrides"] = [overrides_label(p, keys) for p in frame["params"]]
+    frame["row"] = ""
+    rows: list[Row] = []
+    group_columns = ["preset", "scheme", "layout", "buffer_slots", "overrides"]
+    for values, runs in frame[frame["status"] == "FINISHED"].groupby(group_columns, sort=False, dropna=False):
+        preset, scheme, layout, slots, overrides = (str(v) for v in values)
+        stats = {}
+        for column in metric_columns:
+            series = pd.to_numeric(runs[column], errors="coerce")
+            finite = [float(v) for v in series if math.isfinite(v)]
+            if finite:
+                stats[column] = Stat(tuple(finite))
+        row = Row(
+            preset=preset,
+            scheme=scheme,
+            layout=layout,
+            buffer_slots=slots,
+            overrides=overrides,
+            run_ids=list(runs["run_id"]),
+            seeds=[str(s) for s in runs["seed"]],
+            stats=stats,
+            paper=paper_values(list(paper), preset, scheme, layout, slots, prefer) if paper else {},
+        )
+        _add_loop_erank(row, runs)
+        rows.append(row)
+        frame.loc[runs.index, "row"] = row.label
+    blocks: dict[tuple[str, int | None], Block] = {}
+    for row in rows:
+        blocks.setdefault((row.preset, row.depth), Block(row.preset, row.depth, [])).rows.append(row)
+    for block in blocks.values():
+        block.rows.sort(
+            key=lambda r: (
+                r.scheme != "vanilla",
+                -r.shared_fraction,
+                r.layout,
+                _scheme_rank(r.scheme),
+                _slots_rank(r.buffer_slots),
+                r.overrides,
+            )
+        )
+    ordered = sorted(blocks.values(), key=lambda b: (_preset_rank(b.preset), b.depth or 0))
+    ppl_metric, lower = ppl_metric_for(metric)
+    return Results(ordered, frame, validation_sets(frame), metric, ppl_metric, lower, keys)
+
+
+def _add_loop_erank(row: Row, runs: pd.DataFrame) -> None:
+    """``probe/erank/loop_mean``: each run's effective rank averaged over the loop states h1..hK."""
+    columns = [f"probe/erank/h{t}" for t in range(1, row.loops + 1)]
+    if not columns or not all(c in runs for c in columns):
+        return
+    means = [statistics.fmean(float(v) for v in values) for values in runs[columns].itertuples(index=False)]
+    finite = tuple(v for v in means if math.isfinite(v))
+    if finite:
+        row.stats["probe/erank/loop_mean"] = Stat(finite)
+
+
+__all__ = ["Block", "Results", "Row", "Stat", "aggregate"]

@@ -1,0 +1,81 @@
+"""From a grid and the command line to the launch settings and the list of cells."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from omegaconf import OmegaConf
+
+from experiments.compose import compose_config, group_options
+from experiments.overrides import parse_overrides
+from sweeps.cells import Cell
+from sweeps.config import CONFIG_MODULE, LaunchConfig, register_launch_configs
+
+LAUNCH_KEYS = ("launcher", "resources", "seeds")
+
+
+class SweepError(ValueError):
+    """A bad sweep request; the message is one line."""
+
+
+def split_arguments(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(launch overrides, cell overrides)."""
+    launch, cells = [], []
+    for argument in arguments:
+        key = argument.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+        (launch if key in LAUNCH_KEYS else cells).append(argument)
+    return launch, cells
+
+
+def compose_launch(overrides: Sequence[str]) -> LaunchConfig:
+    """The launch settings (sweeps/conf/launch.yaml), checked."""
+    normalized = []
+    for override in overrides:  # seeds=3 means seeds 0, 1, 2
+        key, _, value = override.partition("=")
+        if key in ("launcher", "resources") and value not in group_options(key, CONFIG_MODULE):
+            known = ", ".join(group_options(key, CONFIG_MODULE))
+            raise SweepError(f"{key}={value!r} is invalid: known options: {known}")
+        if key == "seeds" and value.isdigit():
+            value = "[" + ",".join(str(s) for s in range(int(value))) + "]"
+        elif key == "seeds" and not value.startswith("["):
+            value = f"[{value}]"
+        normalized.append(f"{key}={value}")
+    register_launch_configs()
+    try:
+        launch = OmegaConf.to_object(compose_config(normalized, config_name="launch", config_module=CONFIG_MODULE))
+    except Exception as error:
+        raise SweepError(str(error).splitlines()[0]) from None
+    assert isinstance(launch, LaunchConfig)
+    launch.validate()
+    return launch
+
+
+def fixed_overrides(cell_overrides: Sequence[str]) -> list[str]:
+    """The overrides that are not comma lists: they apply to every cell."""
+    return [o.input_line for o in parse_overrides(cell_overrides) if not o.is_sweep_override()]
+
+
+def expand_cells(name: str, cell_overrides: Sequence[str], seeds: Sequence[int]) -> list[Cell]:
+    """The grid: the sweep file's params, replaced or extended by comma lists on the command line."""
+    base = compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)], hydra_config=True)
+    params = dict(OmegaConf.to_container(base.hydra.sweeper.params) or {})
+    fixed = []
+    for override in parse_overrides(cell_overrides):
+        key = override.get_key_element()
+        if override.is_sweep_override() or key in params:  # replaces the axis (one value pins it)
+            params[key] = override.input_line.split("=", 1)[1]
+        else:
+            fixed.append(override.input_line)
+    if seeds:
+        params["seed"] = ",".join(str(s) for s in seeds)
+    axes = parse_overrides([f"{key}={value}" for key, value in params.items()])
+    (combinations,) = BasicSweeper.split_arguments(axes, None)
+    return [Cell(i, [f"+sweep={name}", *fixed, *combo], " ".join(combo)) for i, combo in enumerate(combinations)]
+
+
+def sweep_key(name: str, cells: Sequence[Cell]) -> str:
+    digest = hashlib.sha256(json.dumps([c.overrides for c in cells]).encode()).hexdigest()[:10]
+    return f"{name}-{digest}"
