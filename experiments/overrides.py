@@ -78,4 +78,5 @@ def check_overrides(
         if node is None or not OmegaConf.is_dict(node) or leaf not in node:
             known = sorted(k for k in (node.keys() if OmegaConf.is_dict(node) else []))
             where = f" under {parent!r}" if parent else ""
-            raise OverrideError(f"{key!r} is not a config key{where}; known keys: {', '.join(map(str, known))}")
+            listed = ", ".join(map(str, known)) or "(none)"
+            raise OverrideError(f"{key!r} is not a config key{where}; known keys: {listed}")

@@ -179,7 +179,9 @@ def main(cfg: DictConfig) -> float:
     return result["objective"]
 
 
+# Hydra's flags that take a value (``--cfg job``): the value is not an override.
 HYDRA_VALUE_FLAGS = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--info", "-i")
+HYDRA_VALUE_FLAGS += ("--cfg", "-c", "--package", "-p", "--experimental-rerun")
 
 
 def cli() -> None:

@@ -7,12 +7,13 @@ import json
 from collections.abc import Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.compose import compose_config, group_options
-from experiments.overrides import parse_overrides
+from experiments.overrides import OverrideError, check_overrides, parse_overrides
 from sweeps.cells import Cell
-from sweeps.config import CONFIG_MODULE, LaunchConfig, register_launch_configs
+from sweeps.config import CONFIG_MODULE, LaunchConfig, ResourcesConfig, register_launch_configs
+from sweeps.launchers import LAUNCHERS
 
 LAUNCH_KEYS = ("launcher", "resources", "seeds")
 
@@ -30,14 +31,27 @@ def split_arguments(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
     return launch, cells
 
 
+def launch_schema(launcher: str) -> DictConfig:
+    """The keys a launch override may name when ``launcher=<launcher>`` is chosen."""
+    schema = OmegaConf.structured(LaunchConfig)
+    schema.launcher = OmegaConf.structured(LAUNCHERS[launcher])
+    schema.resources = OmegaConf.structured(ResourcesConfig)
+    return schema
+
+
 def compose_launch(overrides: Sequence[str]) -> LaunchConfig:
     """The launch settings (sweeps/conf/launch.yaml), checked."""
+    groups = {group: group_options(group, CONFIG_MODULE) for group in ("launcher", "resources")}
+    keyed = [o for o in overrides if not o.startswith("seeds=")]
+    try:
+        chosen = [o.partition("=")[2] for o in keyed if o.partition("=")[0] == "launcher"] or ["local"]
+        schema = launch_schema(chosen[-1] if chosen[-1] in LAUNCHERS else "local")
+        check_overrides(keyed, schema=schema, groups=groups, open_keys=())
+    except OverrideError as error:
+        raise SweepError(str(error)) from None
     normalized = []
     for override in overrides:  # seeds=3 means seeds 0, 1, 2
         key, _, value = override.partition("=")
-        if key in ("launcher", "resources") and value not in group_options(key, CONFIG_MODULE):
-            known = ", ".join(group_options(key, CONFIG_MODULE))
-            raise SweepError(f"{key}={value!r} is invalid: known options: {known}")
         if key == "seeds" and value.isdigit():
             value = "[" + ",".join(str(s) for s in range(int(value))) + "]"
         elif key == "seeds" and not value.startswith("["):
