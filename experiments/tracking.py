@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from experiments.locks import file_lock
 
 DEFAULT_DB = "mlflow.db"
 # MLflow's per-request limits of log_batch.
@@ -38,16 +41,88 @@ def resolve_tracking_uri(configured: str | None, runs_dir: Path, environ: Mappin
 
 
 def prepare_sqlite_store(uri: str) -> None:
-    """Put a local sqlite store in WAL mode, so the processes of a parallel sweep write to it
-    side by side (readers never block, writers queue). WAL is a property of the file and persists;
-    it needs a local disk (not NFS): on a cluster, use an MLflow server with a database."""
+    """Make sure a local sqlite store exists and is complete, and put it in WAL mode.
+
+    Creation is serialised by a file lock beside the database, so the first runs of a parallel
+    grid do not race to create its tables. A store whose creation was cut short (a full disk, a
+    kill) and that holds no run yet is moved aside and created again; one that holds runs but
+    cannot be opened stops with one line. WAL lets the processes of a parallel sweep write side
+    by side (readers never block, writers queue); it is a property of the file and needs a local
+    disk (not NFS): on a cluster, use an MLflow server with a database.
+    """
     path = sqlite_path(uri)
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(path, timeout=60) as connection:
-        if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            connection.execute("PRAGMA journal_mode=WAL")
+    with file_lock(path.with_name(f".{path.name}.lock")):
+        _open_or_rebuild(uri, path)
+        with sqlite3.connect(path, timeout=60) as connection:
+            if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                connection.execute("PRAGMA journal_mode=WAL")
+
+
+def _open_or_rebuild(uri: str, path: Path) -> None:
+    existed = path.exists() and path.stat().st_size > 0
+    try:
+        _open_store(uri)
+        return
+    except Exception as error:  # sqlalchemy/MLflow raise several kinds for a half-made schema
+        reason = _first_line(error)
+        if not existed:  # creating it failed now (a full disk...): the next start rebuilds it
+            raise TrackingError(f"the MLflow store {path} could not be created ({reason})") from None
+        if _count_runs(path) > 0:
+            raise TrackingError(f"the MLflow store {path} holds runs but cannot be opened ({reason})") from None
+    aside = path.with_name(f"{path.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        if Path(f"{path}{suffix}").exists():
+            os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+    print(
+        f"[mesh] the MLflow store {path} was incomplete ({reason}); moved to {aside.name}, created anew",
+        file=sys.stderr,
+    )
+    _forget_engine(uri)
+    try:
+        _open_store(uri)
+    except Exception as error:
+        raise TrackingError(f"the MLflow store {path} could not be created ({_first_line(error)})") from None
+
+
+def _open_store(uri: str) -> None:
+    import mlflow
+
+    mlflow.MlflowClient(uri).search_experiments(max_results=1)
+
+
+def _forget_engine(uri: str) -> None:
+    """MLflow keeps one store and one SQLAlchemy engine per URI for the life of the process; their
+    pooled connections still point at the file just moved aside."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    cached = getattr(_tracking_store_registry._get_store_with_resolved_uri, "cache_clear", None)
+    if cached is not None:
+        cached()
+    engines = getattr(SqlAlchemyStore, "_engine_map", {})
+    engine = engines.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def _count_runs(path: Path) -> int:
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error:
+        return 0
+    try:
+        return int(connection.execute("SELECT count(*) FROM runs").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        connection.close()
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -191,15 +266,19 @@ class RunRecord:
     """The MLflow run of one training run. Only global rank 0 holds one (see ``train``).
 
     The run id is kept in ``<run_dir>/mlflow_run_id``, so a re-run of the same command resumes
-    into the same MLflow run.
+    into the same MLflow run: it is set RUNNING again, the tags a previous stop left (``error``,
+    ``interrupted``, ``terminated``) are cleared, and :attr:`last_logged_step` tells the logger
+    which steps are already in the store, so a step redone after a crash is not logged twice.
     """
 
     ID_FILE = "mlflow_run_id"
+    STOP_TAGS = ("error", "interrupted", "terminated", "pruned")
 
-    def __init__(self, client: Any, run_id: str, is_new: bool) -> None:
+    def __init__(self, client: Any, run_id: str, is_new: bool, last_logged_step: int = -1) -> None:
         self.client = client
         self.run_id = run_id
         self.is_new = is_new
+        self.last_logged_step = last_logged_step
 
     @classmethod
     def open(
@@ -219,12 +298,32 @@ class RunRecord:
         client = mlflow.MlflowClient(tracking_uri)
         id_file = run_dir / cls.ID_FILE
         if resume and id_file.exists():
-            return cls(client, id_file.read_text().strip(), is_new=False)
+            return cls._reopen(client, id_file.read_text().strip(), run_dir, tracking_uri)
         artifacts = artifact_location(tracking_uri, run_dir.parent)
         run_id = open_run(client, experiment, run_name, dict(tags), artifacts, parent_run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         id_file.write_text(run_id)
         return cls(client, run_id, is_new=True)
+
+    @classmethod
+    def _reopen(cls, client: Any, run_id: str, run_dir: Path, tracking_uri: str) -> RunRecord:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            run = None
+        if run is None or run.info.lifecycle_stage == "deleted":
+            raise TrackingError(
+                f"the MLflow run {run_id} of {run_dir} is not in {tracking_uri} (deleted?): "
+                "pass resume=false to train this run again from step 0 into a new MLflow run"
+            )
+        for tag in cls.STOP_TAGS:
+            if tag in run.data.tags:
+                client.delete_tag(run_id, tag)
+        client.update_run(run_id, status="RUNNING")
+        steps = [m.step for key in run.data.metrics for m in client.get_metric_history(run_id, key)]
+        return cls(client, run_id, is_new=False, last_logged_step=max(steps, default=-1))
 
     def log_facts(
         self, params: Mapping[str, str], metrics: Mapping[str, float], artifacts: tuple[Path, ...] = ()
@@ -236,11 +335,16 @@ class RunRecord:
             self.client.log_artifact(self.run_id, str(path))
 
     def mark_failed(self, error: BaseException) -> None:
-        """FAILED with the error as a tag; KILLED for an interrupt or a pruned search trial."""
-        pruned = type(error).__name__ == "TrialPruned"
+        """FAILED, with the error as the ``error`` tag."""
+        self._terminate("FAILED", "error", f"{type(error).__name__}: {error}")
+
+    def mark_killed(self, reason: str, detail: str) -> None:
+        """KILLED, for a run stopped on purpose: ``reason`` is the tag (interrupted, terminated, pruned)."""
+        self._terminate("KILLED", reason, detail)
+
+    def _terminate(self, status: str, tag: str, text: str) -> None:
         try:
-            self.client.set_tag(self.run_id, "pruned" if pruned else "error", f"{type(error).__name__}: {error}"[:5000])
-            status = "KILLED" if pruned or isinstance(error, KeyboardInterrupt) else "FAILED"
+            self.client.set_tag(self.run_id, tag, text[:5000])
             self.client.set_terminated(self.run_id, status)
         except Exception:  # the store itself may be what failed; the original error matters more
             pass

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import register_configs
 from experiments.identity import model_config_for
+from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError, check_overrides
 from experiments.plan import InputError, RunPlan, plan_run
 from experiments.tracking import RunRecord, TrackingError, flatten, git_commit, isolated_tracking_uri
@@ -46,14 +49,19 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train (or resume, or return the finished result of) the run ``cfg`` describes."""
+    """Train (or resume, or return the finished result of) the run ``cfg`` describes.
+
+    Rank 0 holds the run directory's lock for the whole run: the same run started twice stops
+    the second one at once (:class:`~experiments.locks.RunInUseError`)."""
     plan = plan_run(cfg)
-    if plan.config["resume"] and plan.result_file.exists():
-        print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
-        return json.loads(plan.result_file.read_text())
-    started = time.perf_counter()
-    with isolated_tracking_uri():
-        return _train(plan, started)
+    lock = RunLock(plan.run_dir) if process_rank() == 0 else nullcontext()
+    with lock:
+        if plan.config["resume"] and plan.result_file.exists():
+            print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
+            return json.loads(plan.result_file.read_text())
+        started = time.perf_counter()
+        with isolated_tracking_uri():
+            return _train(plan, started)
 
 
 def _train(plan: RunPlan, started: float) -> dict[str, Any]:
@@ -61,7 +69,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning 2.6 on torch >= 2.10
     import lightning.pytorch as pl  # heavy imports only once the inputs are known to be good
 
-    from experiments.callbacks.checkpointing import atomic_save
+    from experiments.callbacks.checkpointing import atomic_save, newest_intact_checkpoint
     from experiments.callbacks.timing import RunTimer
     from experiments.data.datamodule import TokenDataModule
     from experiments.trainer import build_module, build_trainer, run_callbacks
@@ -70,7 +78,8 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     record = _open_record(plan, model_config) if process_rank() == 0 else None  # rank 0 owns the run
-    resume_from = plan.last_checkpoint if plan.config["resume"] and plan.last_checkpoint.exists() else None
+    resume_from = newest_intact_checkpoint(plan.checkpoint_dir) if plan.config["resume"] else None
+    trainer = None
     try:
         pl.seed_everything(plan.config["seed"], workers=True, verbose=False)
         datamodule = TokenDataModule(plan.data, seed=plan.config["seed"], prepared=prepared)
@@ -80,14 +89,26 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         if record is not None and record.is_new:
             record.log_facts(*_run_facts(plan, model_config, module.model, prepared.train_tokens))
         timer = RunTimer(started)
-        trainer = build_trainer(plan, record and record.run_id, [timer, *run_callbacks(plan, val_names)])
+        logged = record.last_logged_step if record is not None else -1
+        trainer = build_trainer(plan, record and record.run_id, [timer, *run_callbacks(plan, val_names)], logged)
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
         if trainer.global_step % plan.config["val_every"] != 0:
             trainer.validate(module, datamodule=datamodule, verbose=False)
         atomic_save(trainer, plan.last_checkpoint)
     except BaseException as error:
+        stop = _stopped(error, trainer)
         if record is not None:
-            record.mark_failed(error)
+            step = trainer.global_step if trainer is not None else 0
+            if isinstance(stop, KeyboardInterrupt):
+                record.mark_killed("interrupted", f"Ctrl-C at step {step}; run the same command to resume")
+            elif isinstance(stop, Terminated):
+                record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
+            elif type(error).__name__ == "TrialPruned":
+                record.mark_killed("pruned", f"{type(error).__name__}: {error}")
+            else:
+                record.mark_failed(error)
+        if stop is not None:
+            raise stop from None
         raise
     result = _result(plan, trainer, val_names[0], record)
     if record is not None:
@@ -95,6 +116,30 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         record.finish({"val_loss": result["val_loss"], **timing.as_metrics()}, trainer.global_step)
         plan.result_file.write_text(json.dumps(result, indent=2))
     return result
+
+
+class Terminated(SystemExit):
+    """The run stopped on SIGTERM after saving ``last.ckpt``; exit code 143 (128 + SIGTERM)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(128 + signal.SIGTERM)
+        self.step = step
+
+
+def _stopped(error: BaseException, trainer: Any) -> BaseException | None:
+    """The deliberate stop ``error`` stands for: KeyboardInterrupt for Ctrl-C (Lightning turns it
+    into ``SystemExit(1)`` after its own clean-up), :class:`Terminated` for SIGTERM; None for a
+    failure."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    step = trainer.global_step if trainer is not None else 0
+    if isinstance(error, SIGTERMException):
+        return Terminated(step)
+    if isinstance(error, KeyboardInterrupt):
+        return error
+    if type(error) is SystemExit and trainer is not None and trainer.interrupted:
+        return KeyboardInterrupt()
+    return None
 
 
 def _prepare_data(plan: RunPlan):
@@ -167,9 +212,18 @@ register_configs()
 def main(cfg: DictConfig) -> float:
     try:
         result = train(cfg)
-    except (ConfigError, InputError, TrackingError) as error:
+    except (ConfigError, InputError, TrackingError, RunInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("[mesh-train] interrupted; run the same command to resume from the last checkpoint", file=sys.stderr)
+        sys.exit(130)
+    except Terminated as stop:
+        print(
+            f"[mesh-train] stopped on SIGTERM at step {stop.step}, checkpoint saved; run the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(stop.code)
     if result["run_id"] is None:  # a non-zero DDP rank: rank 0 reports
         return result["objective"]
     print(

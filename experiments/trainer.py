@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from experiments.callbacks.checkpointing import AtomicModelCheckpoint
+from experiments.callbacks.checkpointing import StepCheckpoint
 from experiments.lit_module import MeshLitModule
 from experiments.plan import RunPlan
 from experiments.probing.callback import probe_callbacks
@@ -29,16 +29,12 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
 
 
 def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
-    """Checkpoints every ``checkpoint_every`` steps (and ``last.ckpt``), probes, search pruning."""
-    checkpoint = AtomicModelCheckpoint(
-        dirpath=plan.checkpoint_dir,
-        filename="step{step}",
-        every_n_train_steps=plan.config["checkpoint_every"],
-        save_last=True,
-        save_top_k=1,
-        auto_insert_metric_name=False,
-    )
-    callbacks: list[pl.Callback] = [checkpoint, *probe_callbacks(plan.config["probes"], plan.run_dir)]
+    """Checkpoints every ``checkpoint_every`` steps (and ``last.ckpt``, and on SIGTERM), probes,
+    search pruning."""
+    callbacks: list[pl.Callback] = [
+        StepCheckpoint(plan.checkpoint_dir, plan.config["checkpoint_every"]),
+        *probe_callbacks(plan.config["probes"], plan.run_dir),
+    ]
     search = plan.config["search"]
     if search["trial_id"] is not None:  # a trial of an Optuna search (sweeps/search.py)
         from experiments.callbacks.pruning import OptunaPruning
@@ -53,10 +49,32 @@ def cluster_plugins() -> list:
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
 
 
-def build_trainer(plan: RunPlan, run_id: str | None, callbacks: list[pl.Callback]) -> pl.Trainer:
+class ResumedMLFlowLogger(MLFlowLogger):
+    """MLFlowLogger that leaves out steps the MLflow run already holds: a run resumed from a
+    checkpoint older than its last logged step redoes those steps (with the same numbers: the
+    data order is restored) and must not log them a second time."""
+
+    def __init__(self, *args: Any, last_logged_step: int = -1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_logged_step = last_logged_step
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if step is not None and step <= self.last_logged_step:
+            return
+        super().log_metrics(metrics, step)
+
+
+def build_trainer(
+    plan: RunPlan, run_id: str | None, callbacks: list[pl.Callback], last_logged_step: int = -1
+) -> pl.Trainer:
     """The Trainer of ``plan``, logging into MLflow run ``run_id`` (None on ranks other than 0:
-    Lightning's MLFlowLogger is a no-op there)."""
-    logger: Any = MLFlowLogger(experiment_name=plan.experiment, tracking_uri=plan.tracking_uri, run_id=run_id)
+    Lightning's MLFlowLogger is a no-op there), from step ``last_logged_step`` + 1 on."""
+    logger: Any = ResumedMLFlowLogger(
+        experiment_name=plan.experiment,
+        tracking_uri=plan.tracking_uri,
+        run_id=run_id,
+        last_logged_step=last_logged_step,
+    )
     return pl.Trainer(
         plugins=cluster_plugins(),
         accelerator=plan.trainer.accelerator,
@@ -74,6 +92,7 @@ def build_trainer(plan: RunPlan, run_id: str | None, callbacks: list[pl.Callback
         callbacks=callbacks,
         enable_progress_bar=sys.stderr.isatty(),
         enable_model_summary=False,
+        enable_checkpointing=False,  # StepCheckpoint writes the checkpoints
         num_sanity_val_steps=0,
         default_root_dir=str(plan.run_dir),
     )

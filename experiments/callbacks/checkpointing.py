@@ -1,14 +1,15 @@
-"""Checkpoints that survive ``kill -9``: written under a temporary name, then renamed into place."""
+"""Checkpoints that survive ``kill -9``: written under a temporary name, then renamed into place;
+a run resumes from the newest one that is intact, and SIGTERM saves one before the run stops."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
+import zipfile
 from pathlib import Path
-from weakref import proxy
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 def atomic_save(trainer: pl.Trainer, path: str | Path, weights_only: bool = False) -> None:
@@ -23,16 +24,91 @@ def atomic_save(trainer: pl.Trainer, path: str | Path, weights_only: bool = Fals
     trainer.strategy.barrier("atomic_save")
 
 
-class AtomicModelCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint whose every save (``last.ckpt`` included) is atomic.
+class StepCheckpoint(pl.Callback):
+    """``step<N>.ckpt`` and ``last.ckpt`` every ``every`` optimizer steps, atomically; only the
+    newest ``step<N>.ckpt`` is kept.
 
-    A plain save killed half-way leaves a truncated ``last.ckpt`` that the resume then fails on.
+    The checkpoint of step N is written at the start of step N+1, when everything step N does
+    (its validation and its logging included) is over, so a run resumed from it repeats nothing
+    and misses nothing. On SIGTERM (SLURM's preemption and time limit, ``kill``), Lightning stops
+    at the end of the step in progress with ``SIGTERMException`` (its handler only sets a flag);
+    ``last.ckpt`` is saved then. The final checkpoint is written when training ends.
     """
 
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        atomic_save(trainer, filepath, self.save_weights_only)
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
+    def __init__(self, dirpath: Path, every: int) -> None:
+        self.dirpath = Path(dirpath)
+        self.every = every
+        self._saved_step: int | None = None
+        self._at_batch_start = False
+
+    @property
+    def last(self) -> Path:
+        return self.dirpath / "last.ckpt"
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        step = trainer.global_step
+        if step > 0 and step % self.every == 0 and step != self._saved_step:
+            self._at_batch_start = True
+            try:
+                self._save(trainer, step)
+            finally:
+                self._at_batch_start = False
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        """Make a checkpoint saved from ``on_train_batch_start`` read as Lightning's own do (saved
+        within step N, before its loop counters move on): the next batch is not yet counted as
+        fetched ("ready"), and ``_batches_that_stepped`` (the logging step) is one behind, as
+        Lightning adds one when it restores. The exact-resume test holds this to the
+        uninterrupted run, step by step."""
+        if not self._at_batch_start:
+            return
+        loop = checkpoint["loops"]["fit_loop"]
+        for counter in ("total", "current"):
+            loop["epoch_loop.batch_progress"][counter]["ready"] -= 1
+        loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step = trainer.global_step
+        if step % self.every == 0 and step != self._saved_step:
+            self._save(trainer, step)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if isinstance(exception, SIGTERMException):
+            atomic_save(trainer, self.last)
+
+    def _save(self, trainer: pl.Trainer, step: int) -> None:
+        path = self.dirpath / f"step{step}.ckpt"
+        atomic_save(trainer, path)
+        atomic_save(trainer, self.last)
+        self._saved_step = step
         if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
+            for old in self.dirpath.glob("step*.ckpt"):
+                if old != path:
+                    old.unlink(missing_ok=True)
+
+
+def is_intact(path: Path) -> bool:
+    """A torch checkpoint is a zip archive whose directory sits at its end: a truncated or
+    overwritten file fails to open. (Reading every entry would cost as much as loading it.)"""
+    if os.path.isdir(path):  # a sharded (FSDP) checkpoint
+        return any(Path(path).iterdir())
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return bool(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def newest_intact_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """``last.ckpt`` or the newest ``step<N>.ckpt``, whichever was written last and is intact;
+    a damaged one is reported in one line and passed over."""
+    if not checkpoint_dir.is_dir():
+        return None
+    candidates = [p for p in checkpoint_dir.iterdir() if p.suffix == ".ckpt"]
+    for path in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        if is_intact(path):
+            return path
+        print(f"[mesh-train] {path} is damaged (truncated or not a checkpoint); trying an older one", file=sys.stderr)
+    return None

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from experiments.data.config import DataConfig, as_data_config
 from experiments.data.prepare import PreparedData, prepare
+from experiments.data.sampler import ResumableLoader
 from mesh_model.errors import ConfigError
 
 
@@ -58,7 +59,8 @@ class TokenDataModule(LightningDataModule):
     """Train/validation loaders from a :class:`DataConfig`.
 
     ``val_dataloader()`` returns one loader per validation set, in the order of ``val_names``
-    ("val" first, then each ``extra_val`` corpus). ``seed`` fixes the training order. Pass
+    ("val" first, then each ``extra_val`` corpus). ``seed`` fixes the training order, and the
+    training loader resumes exactly where a checkpoint left it. Pass
     ``prepared`` (from :func:`prepare` on the same config) to reuse what a caller already loaded.
     """
 
@@ -105,24 +107,32 @@ class TokenDataModule(LightningDataModule):
     def vocab_size(self) -> int:
         return self.data.vocab_size
 
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return self._loader(TokenWindows(self.data.train, self.cfg.seq_len), shuffle=True, generator=generator)
+    def train_dataloader(self) -> ResumableLoader:
+        """A seeded permutation per epoch whose position checkpoints keep (experiments/data/sampler.py)."""
+        workers = self.cfg.num_workers
+        return ResumableLoader(
+            TokenWindows(self.data.train, self.cfg.seq_len),
+            batch_size=self.cfg.batch_size,
+            seed=self.seed,
+            steps_taken=self._steps_taken,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def _steps_taken(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return trainer.global_step if trainer is not None else 0
 
     def val_dataloader(self) -> list[DataLoader]:
         limit = self.cfg.val_batches * self.cfg.batch_size or None
         return [self._loader(TokenWindows(self.data.val[n], self.cfg.seq_len, limit)) for n in self.val_names]
 
-    def _loader(
-        self, dataset: TokenWindows, shuffle: bool = False, generator: torch.Generator | None = None
-    ) -> DataLoader:
+    def _loader(self, dataset: TokenWindows) -> DataLoader:
         workers = self.cfg.num_workers
         return DataLoader(
             dataset,
             batch_size=self.cfg.batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            drop_last=shuffle,
             num_workers=workers,
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),

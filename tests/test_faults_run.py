@@ -1,0 +1,233 @@
+"""A run survives what happens to processes: kill -9, Ctrl-C, SIGTERM, a damaged checkpoint, the
+same run started twice, its MLflow run deleted, a store whose creation was cut short.
+
+Every case runs the real ``mesh-train`` in a subprocess against a real sqlite store and sends the
+real signal, then states what must hold: exit code, run status and tags in MLflow, checkpoint
+files, and (for the resumed runs) metric histories equal, step by step and bit for bit, to the
+same run left uninterrupted, with no step logged twice.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
+# 40 steps, a checkpoint and a validation every 10: a stop after the first checkpoint leaves work to redo.
+RUN = (
+    "max_steps=40",
+    "val_every=10",
+    "checkpoint_every=10",
+    "log_every=5",
+    "scheme=mesh",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "data.val_batches=2",
+    "probes.enabled=false",
+)
+HISTORIES = ("train/loss", "lr", "val/shakespeare/loss", "val/shakespeare/ppl")
+
+pytestmark = pytest.mark.slow
+
+
+def start(runs_dir: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [MESH_TRAIN, *RUN, f"runs_dir={runs_dir}", *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run(runs_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MESH_TRAIN, *RUN, f"runs_dir={runs_dir}", *extra], capture_output=True, text=True, timeout=600
+    )
+
+
+def run_dir(runs_dir: Path) -> Path:
+    (found,) = glob.glob(str(runs_dir / "mesh" / "tiny-*"))
+    return Path(found)
+
+
+def wait_for(runs_dir: Path, name: str, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not glob.glob(str(runs_dir / "mesh" / "tiny-*" / name)):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{name} never appeared"
+        time.sleep(0.02)
+
+
+def stop(process: subprocess.Popen, sig: int, after: float = 0.3) -> tuple[int, str]:
+    time.sleep(after)
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=300)
+    return process.returncode, err
+
+
+def record(runs_dir: Path):
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (run_dir(runs_dir) / "mlflow_run_id").read_text().strip()
+    found = client.get_run(run_id)
+    histories = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in HISTORIES}
+    return found.info.status, found.data.tags, histories
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("uninterrupted")
+    result = run(runs_dir)
+    assert result.returncode == 0, result.stderr
+    status, _, histories = record(runs_dir)
+    assert status == "FINISHED" and [s for s, _ in histories["val/shakespeare/loss"]] == [10, 20, 30, 40]
+    return histories
+
+
+def assert_same_as_uninterrupted(runs_dir: Path, uninterrupted) -> None:
+    status, tags, histories = record(runs_dir)
+    assert status == "FINISHED"
+    assert not {"error", "interrupted", "terminated"} & set(tags)  # the stale stop tags are cleared
+    for key in HISTORIES:  # same steps (none twice, none missing), same values, to the last bit
+        assert histories[key] == uninterrupted[key], key
+
+
+def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tmp_path, uninterrupted):
+    process = start(tmp_path)
+    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+    code, _ = stop(process, signal.SIGKILL, after=0.5)
+    assert code == -signal.SIGKILL
+    assert record(tmp_path)[0] == "RUNNING"  # nobody could say otherwise; the resume takes it over
+    last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])  # damaged, and the newest file: step10.ckpt must be used
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    damaged = [line for line in again.stderr.splitlines() if line.startswith("[mesh-train]") and "damaged" in line]
+    assert damaged == [f"[mesh-train] {last} is damaged (truncated or not a checkpoint); trying an older one"]
+    assert "Restored all states from the checkpoint at" in again.stderr and "step10.ckpt" in again.stderr
+    assert "not resumable" not in again.stderr
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+
+
+def test_kill_9_before_the_first_checkpoint_restarts_without_logging_twice(tmp_path, uninterrupted):
+    process = start(tmp_path)
+    wait_for(tmp_path, "mlflow_run_id", process)
+    deadline = time.monotonic() + 120
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = (run_dir(tmp_path) / "mlflow_run_id").read_text().strip()
+    while not client.get_metric_history(run_id, "train/loss"):  # some steps are logged, no checkpoint yet
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    code, _ = stop(process, signal.SIGKILL, after=0)
+    assert code == -signal.SIGKILL
+    # Steps run fast: if the first checkpoint made it to disk, take it away, as if the kill had come sooner.
+    shutil.rmtree(run_dir(tmp_path) / "checkpoints", ignore_errors=True)
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+
+
+def test_ctrl_c_is_killed_interrupted_with_exit_130_and_resumes(tmp_path, uninterrupted):
+    process = start(tmp_path)
+    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+    code, err = stop(process, signal.SIGINT)
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (
+        "[mesh-train] interrupted; run the same command to resume from the last checkpoint"
+    )
+    status, tags, _ = record(tmp_path)
+    assert status == "KILLED" and tags["interrupted"].startswith("Ctrl-C at step ") and "error" not in tags
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+
+
+def test_sigterm_saves_a_checkpoint_at_the_next_step_and_resumes(tmp_path, uninterrupted):
+    process = start(tmp_path)
+    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+    code, err = stop(process, signal.SIGTERM)
+    assert code == 143
+    last_line = err.strip().splitlines()[-1]
+    assert last_line.startswith("[mesh-train] stopped on SIGTERM at step ") and last_line.endswith(
+        ", checkpoint saved; run the same command to resume"
+    )
+    step = int(last_line.split("at step ")[1].split(",")[0])
+    import torch
+
+    saved = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == step > 10  # the step in progress was finished and saved
+    status, tags, _ = record(tmp_path)
+    assert status == "KILLED" and tags["terminated"] == f"SIGTERM at step {step}; run the same command to resume"
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+
+
+def test_the_same_run_started_twice_is_refused_naming_the_holder(tmp_path):
+    first = start(tmp_path)
+    wait_for(tmp_path, "mlflow_run_id", first)
+    second = run(tmp_path)
+    assert second.returncode == 2
+    assert second.stderr.splitlines() == [
+        f"error: run {run_dir(tmp_path)} is in use by PID {first.pid} (the same run started twice); "
+        "wait for it to finish or stop it, then run the command again"
+    ]
+    assert first.wait(timeout=300) == 0
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert not list((run_dir(tmp_path) / "checkpoints").glob("*-v1.ckpt"))
+
+
+def test_two_runs_creating_a_new_store_at_once_both_finish(tmp_path):
+    processes = [start(tmp_path, f"seed={seed}", "max_steps=5") for seed in (0, 1)]
+    codes = [p.wait(timeout=300) for p in processes]
+    assert codes == [0, 0], [p.stderr.read() for p in processes]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+
+
+def test_a_deleted_mlflow_run_answers_in_one_line_and_resume_false_starts_over(tmp_path):
+    process = start(tmp_path)
+    wait_for(tmp_path, "mlflow_run_id", process)
+    stop(process, signal.SIGKILL, after=0)
+    run_id = (run_dir(tmp_path) / "mlflow_run_id").read_text().strip()
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").delete_run(run_id)
+    again = run(tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.splitlines() == [
+        f"error: the MLflow run {run_id} of {run_dir(tmp_path)} is not in sqlite:///{tmp_path / 'mlflow.db'} "
+        "(deleted?): pass resume=false to train this run again from step 0 into a new MLflow run"
+    ]
+    fresh = run(tmp_path, "resume=false")
+    assert fresh.returncode == 0, fresh.stderr
+    status, _, histories = record(tmp_path)
+    assert status == "FINISHED" and [s for s, _ in histories["train/loss"]][0] == 4
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
+def test_a_store_whose_creation_hit_a_full_disk_is_rebuilt_on_the_next_start(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        full = run(disk, "max_steps=2")
+        assert full.returncode != 0
+        assert (disk / "mlflow.db").exists()  # a store half made
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        again = run(disk, "max_steps=2", "probes.enabled=false")
+        assert again.returncode == 0, again.stderr
+        rebuilt = [line for line in again.stderr.splitlines() if "was incomplete" in line]
+        assert len(rebuilt) == 1 and "created anew" in rebuilt[0]
+        client = mlflow.MlflowClient(f"sqlite:///{disk / 'mlflow.db'}")
+        (finished,) = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+        assert finished.info.status == "FINISHED"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+        shutil.rmtree(disk, ignore_errors=True)
