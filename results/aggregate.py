@@ -2,7 +2,10 @@
 
 Rows: finished runs that differ only by seed (same preset, layout, scheme, B and other overrides)
 form one row; each metric is the mean ± sample standard deviation (ddof=1) over those seeds with n
-(one seed: the value and "n=1", no spread). Blocks: rows of the same preset and the same compute
+(one seed: the value and "n=1", no spread). Two finished runs of a row with the same
+``config_hash`` and seed are the same model trained twice (a re-run, or an equivalent spelling of
+its config), not two replicates: only the latest by end time counts, and the others are listed in
+:attr:`Results.duplicates`. Blocks: rows of the same preset and the same compute
 depth (a looped layout is compute-matched with the vanilla model of its unrolled depth).
 """
 
@@ -156,6 +159,19 @@ class Block:
         return (same or candidates or [None])[0]
 
 
+@dataclass(frozen=True)
+class Duplicate:
+    """A finished run left out of its row: the same config and seed as a later run of that row."""
+
+    run_id: str
+    run_name: str
+    kept_run_id: str
+    kept_run_name: str
+    row: str  # the row's label
+    seed: str
+    config_hash: str
+
+
 @dataclass
 class Results:
     """Everything the tables, plots and report are made of."""
@@ -167,6 +183,7 @@ class Results:
     ppl_metric: str  # what deltas and plots use: the PPL of the key metric's set (or the metric itself)
     lower_is_better: bool
     group_keys: list[str]  # params besides the seed that differ between rows
+    duplicates: list[Duplicate] = field(default_factory=list)  # finished runs counted once, not twice
 
     @property
     def rows(self) -> list[Row]:
@@ -226,10 +243,13 @@ def aggregate(
     keys = grouping_params(frame)
     frame["overrides"] = [overrides_label(p, keys) for p in frame["params"]]
     frame["row"] = ""
+    frame["duplicate_of"] = ""
     rows: list[Row] = []
+    duplicates: list[Duplicate] = []
     group_columns = ["preset", "scheme", "layout", "buffer_slots", "overrides"]
-    for values, runs in frame[frame["status"] == "FINISHED"].groupby(group_columns, sort=False, dropna=False):
+    for values, group in frame[frame["status"] == "FINISHED"].groupby(group_columns, sort=False, dropna=False):
         preset, scheme, layout, slots, overrides = (str(v) for v in values)
+        runs, dropped = _one_run_per_replicate(group)
         stats = {}
         for column in metric_columns:
             series = pd.to_numeric(runs[column], errors="coerce")
@@ -250,6 +270,20 @@ def aggregate(
         _add_loop_erank(row, runs)
         rows.append(row)
         frame.loc[runs.index, "row"] = row.label
+        for index, kept in dropped.items():
+            run = frame.loc[index]
+            frame.loc[index, "duplicate_of"] = kept["run_id"]
+            duplicates.append(
+                Duplicate(
+                    str(run["run_id"]),
+                    str(run["run_name"] or run["run_id"]),
+                    str(kept["run_id"]),
+                    str(kept["run_name"] or kept["run_id"]),
+                    row.label,
+                    str(run["seed"]),
+                    str(run["config_hash"]),
+                )
+            )
     blocks: dict[tuple[str, int | None], Block] = {}
     for row in rows:
         blocks.setdefault((row.preset, row.depth), Block(row.preset, row.depth, [])).rows.append(row)
@@ -266,7 +300,26 @@ def aggregate(
         )
     ordered = sorted(blocks.values(), key=lambda b: (_preset_rank(b.preset), b.depth or 0))
     ppl_metric, lower = ppl_metric_for(metric)
-    return Results(ordered, frame, validation_sets(frame), metric, ppl_metric, lower, keys)
+    return Results(ordered, frame, validation_sets(frame), metric, ppl_metric, lower, keys, duplicates)
+
+
+def _one_run_per_replicate(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[object, pd.Series]]:
+    """The finished runs of one row with one run per (``config_hash``, seed): the same config and
+    seed trained twice is one replicate, and the latest by end time stands for it. Returns
+    (the runs kept, {index of a run left out: the run kept instead}). Runs without a
+    ``config_hash`` tag cannot be told apart and are all kept."""
+    hashed = runs[runs["config_hash"].astype(str).str.len() > 0]
+    dropped: dict[object, pd.Series] = {}
+    for _, same in hashed.groupby([hashed["config_hash"].astype(str), hashed["seed"].astype(str)], sort=False):
+        if len(same) < 2:
+            continue
+        ordered = same.assign(_end=pd.to_datetime(same["end_time"], errors="coerce")).sort_values(
+            ["_end", "start_time"], kind="stable", na_position="first"
+        )
+        kept = ordered.iloc[-1]
+        for index in ordered.index[:-1]:
+            dropped[index] = kept
+    return runs.drop(index=list(dropped)), dropped
 
 
 def _add_loop_erank(row: Row, runs: pd.DataFrame) -> None:
@@ -280,4 +333,4 @@ def _add_loop_erank(row: Row, runs: pd.DataFrame) -> None:
         row.stats["probe/erank/loop_mean"] = Stat(finite)
 
 
-__all__ = ["Block", "Results", "Row", "Stat", "aggregate"]
+__all__ = ["Block", "Duplicate", "Results", "Row", "Stat", "aggregate"]

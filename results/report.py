@@ -220,6 +220,15 @@ def _honesty(results: Results) -> list[str]:
             f"* **single seed: no spread shown** for {len(single)} of {len(rows)} rows "
             f"({', '.join(f'`{r.label}`' for r in single[:12])}{', ...' if len(single) > 12 else ''})."
         )
+    if results.duplicates:
+        left_out = "; ".join(
+            f"`{d.run_name}` (kept `{d.kept_run_name}`, row `{d.row}`, seed {d.seed}, config_hash `{d.config_hash}`)"
+            for d in results.duplicates
+        )
+        lines.append(
+            f"* **Duplicates left out** ({len(results.duplicates)}): finished runs with the same `config_hash` and seed "
+            f"as a later run of their row are the same model trained twice, counted once (the latest): {left_out}."
+        )
     counts = sorted({r.n for r in rows})
     if counts:
         lines.append(f"* Seeds per row: {', '.join(f'n={n}: {sum(r.n == n for r in rows)} rows' for n in counts)}.")

@@ -2,13 +2,21 @@
 
 Every launcher runs the same picklable :func:`run_cell`, which composes the cell's config and
 calls :func:`experiments.train.train`. A cell that raises is reported as FAILED (its MLflow run is
-already marked FAILED with the error by ``train``) and the grid goes on.
+already marked FAILED with the error by ``train``) and the grid goes on. Ctrl-C is not a failure:
+it propagates, and the launcher reports the cell INTERRUPTED and starts nothing more.
 """
 
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+
+# What became of a cell. FAILED and INTERRUPTED cells whose process could not close its MLflow
+# run (a worker killed by a signal) are closed by the sweep (sweeps/sweep.py).
+FINISHED, SKIPPED, FAILED, PRUNED = "FINISHED", "SKIPPED", "FAILED", "PRUNED"
+INTERRUPTED = "INTERRUPTED"  # stopped by Ctrl-C (or SIGTERM) while it ran; re-running resumes it
+NOT_STARTED = "NOT_STARTED"  # the grid was interrupted before this cell started
+STATUSES = (FINISHED, SKIPPED, FAILED, PRUNED, INTERRUPTED, NOT_STARTED)
 
 
 @dataclass
@@ -22,7 +30,7 @@ class Cell:
 class CellOutcome:
     index: int
     overrides: list[str]
-    status: str  # FINISHED | FAILED | SKIPPED | PRUNED
+    status: str  # one of STATUSES
     label: str = ""
     val_loss: float | None = None
     run_id: str | None = None
@@ -44,11 +52,27 @@ class CellOutcome:
 
     @classmethod
     def failed(cls, cell: Cell, error: str) -> CellOutcome:
-        return cls(cell.index, cell.overrides, "FAILED", cell.label, error=error)
+        return cls(cell.index, cell.overrides, FAILED, cell.label, error=error)
+
+    @classmethod
+    def interrupted(cls, cell: Cell, note: str = "interrupted") -> CellOutcome:
+        return cls(cell.index, cell.overrides, INTERRUPTED, cell.label, error=note)
+
+    @classmethod
+    def not_started(cls, cell: Cell) -> CellOutcome:
+        return cls(cell.index, cell.overrides, NOT_STARTED, cell.label, error="never ran (the grid was interrupted)")
+
+
+def stop_note(stop: BaseException) -> str:
+    """How a cell stopped on purpose: Ctrl-C (KeyboardInterrupt) or SIGTERM (``SystemExit``, after
+    ``train`` saved a checkpoint)."""
+    if isinstance(stop, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"stopped (exit code {stop.code}); re-run to resume" if isinstance(stop, SystemExit) else str(stop)
 
 
 def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
-    """Compose and train one cell; never raises for a failing run."""
+    """Compose and train one cell; never raises for a failing run (Ctrl-C and SIGTERM stops do)."""
     import torch
 
     from experiments.compose import compose_config
@@ -60,7 +84,16 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
         result = train(compose_config(cell.overrides))
     except Exception as error:  # the grid goes on; train() already marked the MLflow run FAILED
         if type(error).__name__ == "TrialPruned":  # an Optuna trial stopped early on purpose
-            return CellOutcome(cell.index, cell.overrides, "PRUNED", cell.label, error=str(error))
+            return CellOutcome(cell.index, cell.overrides, PRUNED, cell.label, error=str(error))
         traceback.print_exc()
         return CellOutcome.failed(cell, f"{type(error).__name__}: {error}".splitlines()[0])
-    return CellOutcome.from_result(cell, "FINISHED", result)
+    return CellOutcome.from_result(cell, FINISHED, result)
+
+
+def run_cell_reporting_stops(cell: Cell, threads: int | None = None) -> CellOutcome:
+    """:func:`run_cell` for a cell that runs in a process of its own: a Ctrl-C or SIGTERM stop is
+    reported as an INTERRUPTED outcome instead of raised, so the launcher hears it."""
+    try:
+        return run_cell(cell, threads)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        return CellOutcome.interrupted(cell, stop_note(stop))

@@ -50,8 +50,10 @@ class LaunchConfig:
         assert isinstance(self.launcher, Launcher)
         self.launcher.validate()
         self.resources.validate()
-        if any(seed < 0 for seed in self.seeds):
-            raise ConfigError("seeds", list(self.seeds), "seeds are integers >= 0 (seeds=3 means 0,1,2)")
+        if any(seed < 0 for seed in self.seeds) or len(set(self.seeds)) < len(self.seeds):
+            raise ConfigError(
+                "seeds", list(self.seeds), "listed seeds are distinct integers >= 0 (seeds=3 means 0,1,2)"
+            )
 
 
 def register_launch_configs() -> None:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.compose import compose_config, group_options
 from experiments.overrides import OverrideError, check_overrides, parse_overrides
+from mesh_model import ConfigError
 from sweeps.cells import Cell
 from sweeps.config import CONFIG_MODULE, LaunchConfig, ResourcesConfig, register_launch_configs
 from sweeps.launchers import LAUNCHERS
@@ -50,12 +51,10 @@ def compose_launch(overrides: Sequence[str]) -> LaunchConfig:
     except OverrideError as error:
         raise SweepError(str(error)) from None
     normalized = []
-    for override in overrides:  # seeds=3 means seeds 0, 1, 2
+    for override in overrides:
         key, _, value = override.partition("=")
-        if key == "seeds" and value.isdigit():
-            value = "[" + ",".join(str(s) for s in range(int(value))) + "]"
-        elif key == "seeds" and not value.startswith("["):
-            value = f"[{value}]"
+        if key == "seeds":
+            value = "[" + ",".join(str(s) for s in parse_seeds(value)) + "]"
         normalized.append(f"{key}={value}")
     register_launch_configs()
     try:
@@ -65,6 +64,28 @@ def compose_launch(overrides: Sequence[str]) -> LaunchConfig:
     assert isinstance(launch, LaunchConfig)
     launch.validate()
     return launch
+
+
+SEEDS_ALLOWED = "seeds must be >= 1 or a list of seeds (seeds=3 means 0,1,2; seeds=[0,7] those two)"
+
+
+def parse_seeds(value: str) -> list[int]:
+    """``seeds=N`` (N >= 1) means seeds 0..N-1; ``seeds=[a,b,...]`` those seeds (distinct, >= 0)."""
+    text = value.strip()
+    if text.startswith("[") and text.endswith("]"):
+        items = [item.strip() for item in text[1:-1].split(",") if item.strip()]
+        if items and all(_is_int(item) for item in items):
+            seeds = [int(item) for item in items]
+            if min(seeds) >= 0 and len(set(seeds)) == len(seeds):
+                return seeds
+        raise ConfigError("seeds", value, f"{SEEDS_ALLOWED}; listed seeds are distinct integers >= 0")
+    if _is_int(text) and int(text) >= 1:
+        return list(range(int(text)))
+    raise ConfigError("seeds", value, SEEDS_ALLOWED)
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
 
 
 def fixed_overrides(cell_overrides: Sequence[str]) -> list[str]:

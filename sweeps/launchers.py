@@ -12,10 +12,15 @@ is switched off in training (experiments/trainer.py) so the two never both reque
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.connection
+import os
 import shutil
+import signal
+import sys
+import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import submitit
 
 from mesh_model import ConfigError
-from sweeps.cells import Cell, CellOutcome, run_cell
+from sweeps.cells import Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
 
 if TYPE_CHECKING:
     from sweeps.config import ResourcesConfig
@@ -67,7 +72,12 @@ class LocalLauncher(Launcher):
 
     def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
         for cell in cells:
-            yield run_cell(cell)
+            try:
+                outcome = run_cell(cell)
+            except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C: this cell stops, none other starts
+                yield CellOutcome.interrupted(cell, stop_note(stop))
+                raise
+            yield outcome
 
 
 @dataclass
@@ -78,7 +88,7 @@ class WorkersLauncher(Launcher):
     workers: int = 2
 
     def validate(self) -> None:
-        if not isinstance(self.workers, int) or self.workers < 1:
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
             raise ConfigError("launcher.workers", self.workers, "must be an integer >= 1")
 
     @property
@@ -88,18 +98,157 @@ class WorkersLauncher(Launcher):
 
 @dataclass
 class ParallelLauncher(WorkersLauncher):
-    """``workers`` spawned processes share the machine."""
+    """``workers`` spawned processes share the machine, one process per cell
+    (:func:`run_in_processes`): a worker that dies fails its own cell and no other."""
 
     def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
         threads = max(1, resources.cpus_per_task // self.workers)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
-            futures = {pool.submit(run_cell, cell, threads): cell for cell in cells}
-            for future in as_completed(futures):
-                try:
-                    yield future.result()
-                except Exception as error:  # the worker process itself died
-                    yield CellOutcome.failed(futures[future], f"{type(error).__name__}: {error}")
+        yield from run_in_processes(cells, self.workers, threads)
+
+
+# ---------------------------------------------------------------- a small process pool
+#
+# Not concurrent.futures.ProcessPoolExecutor: when one of its workers dies (SIGKILL, the OOM
+# killer) the whole pool is "broken", every pending future fails and the surviving workers are
+# terminated in the middle of their runs. Here each cell has its own process, which sends its
+# CellOutcome back through a pipe; a process that ends without sending one failed its cell alone.
+
+# After Ctrl-C: how long the cells get to stop on their own (they got the terminal's SIGINT
+# too), then after SIGINT, SIGTERM and SIGKILL sent by us. A second Ctrl-C kills them at once.
+STOP_GRACE_S = (10.0, 10.0, 10.0, 5.0)
+EXIT_AFTER_OUTCOME_S = 60.0  # a process that sent its outcome but does not exit is killed
+
+
+@dataclass
+class _Worker:
+    cell: Cell
+    process: Any  # multiprocessing's SpawnProcess
+    reader: Any  # the parent's end of the pipe
+    outcome: CellOutcome | None = None
+    sent_at: float | None = None
+    closed: bool = False  # the pipe reached EOF
+
+
+def _cell_process(writer: Any, cell: Cell, threads: int | None) -> None:
+    """The body of a worker process: train the cell, send what became of it."""
+    outcome = run_cell_reporting_stops(cell, threads)
+    writer.send(outcome)
+    writer.close()
+
+
+def _start(context: Any, cell: Cell, threads: int | None) -> _Worker:
+    reader, writer = context.Pipe(duplex=False)
+    process = context.Process(target=_cell_process, args=(writer, cell, threads), name=f"mesh-cell-{cell.index}")
+    process.start()
+    writer.close()  # the child holds the only writing end: its death is EOF here
+    return _Worker(cell, process, reader)
+
+
+def _receive(worker: _Worker) -> None:
+    """Read the worker's outcome if it is there (never blocks)."""
+    while not worker.closed and worker.outcome is None:
+        try:
+            if not worker.reader.poll():
+                return
+            worker.outcome = worker.reader.recv()
+            worker.sent_at = time.monotonic()
+        except (EOFError, OSError):
+            worker.closed = True
+
+
+def _wait(workers: Sequence[_Worker], timeout: float | None) -> list[_Worker]:
+    """Wait until a worker's process exits (or ``timeout``); read outcomes meanwhile. Returns the
+    workers whose process has exited, joined."""
+    waitables = [w.process.sentinel for w in workers]
+    waitables += [w.reader for w in workers if w.outcome is None and not w.closed]
+    multiprocessing.connection.wait(waitables, timeout)
+    for worker in workers:
+        _receive(worker)
+    exited = [w for w in workers if w.process.exitcode is not None]
+    for worker in exited:
+        worker.process.join()
+        _receive(worker)  # sent just before exiting
+        worker.reader.close()
+        worker.closed = True
+    return exited
+
+
+def _died(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"worker died (signal {-exitcode})"
+    return f"worker exited with code {exitcode}"
+
+
+def _result(worker: _Worker) -> CellOutcome:
+    """What became of an exited worker's cell."""
+    if worker.outcome is not None:
+        return worker.outcome
+    return CellOutcome.failed(worker.cell, _died(worker.process.exitcode))
+
+
+def run_in_processes(cells: Sequence[Cell], workers: int, threads: int | None) -> Iterator[CellOutcome]:
+    """Run each cell in a spawned process of its own, at most ``workers`` at a time; yield each
+    outcome as its process ends. On Ctrl-C (raised while waiting here, or thrown in at a yield),
+    no further cell starts, the running ones are stopped (:data:`STOP_GRACE_S`) and reported,
+    then KeyboardInterrupt is raised again."""
+    context = multiprocessing.get_context("spawn")
+    queue = list(cells)
+    running: list[_Worker] = []
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                running.append(_start(context, queue.pop(0), threads))
+            lingering = [w for w in running if w.sent_at is not None]
+            for worker in lingering:
+                if time.monotonic() - worker.sent_at > EXIT_AFTER_OUTCOME_S:
+                    worker.process.kill()
+            for worker in _wait(running, 5.0 if lingering else None):
+                running.remove(worker)
+                yield _result(worker)
+    except KeyboardInterrupt:
+        yield from _stop(running)
+        raise
+    finally:
+        for worker in running:  # closed without being drained (an error, or close()): leave no orphan
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+
+
+def _stop(running: list[_Worker]) -> Iterator[CellOutcome]:
+    """Stop the running cells after Ctrl-C and report each: what it sent (FINISHED if it got
+    there, INTERRUPTED if it stopped on the signal) or INTERRUPTED."""
+    steps = zip((None, signal.SIGINT, signal.SIGTERM, signal.SIGKILL), STOP_GRACE_S, strict=True)
+    if running:
+        print(
+            f"[mesh-sweep] Ctrl-C: stopping {len(running)} running cell(s), starting no more (Ctrl-C again kills them)",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        for sent, grace in steps:
+            alive = [w for w in running if w.process.exitcode is None]
+            if not alive:
+                break
+            for worker in alive:
+                if sent is not None:
+                    os.kill(worker.process.pid, sent)
+            deadline = time.monotonic() + grace
+            while any(w.process.exitcode is None for w in alive) and time.monotonic() < deadline:
+                _wait([w for w in alive if w.process.exitcode is None], max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
+        for worker in running:
+            if worker.process.exitcode is None:
+                worker.process.kill()
+    while running:
+        worker = running[0]
+        worker.process.join()
+        _wait([worker], 0)
+        running.pop(0)
+        if worker.outcome is not None:
+            yield worker.outcome
+        else:
+            yield CellOutcome.interrupted(worker.cell, f"interrupted ({_died(worker.process.exitcode)})")
 
 
 class CellJob(submitit.helpers.Checkpointable):
@@ -107,16 +256,56 @@ class CellJob(submitit.helpers.Checkpointable):
     submitit requeues the same call, and ``train`` resumes the cell's checkpoint and MLflow run."""
 
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
-        return run_cell(cell, threads)
+        return run_cell_reporting_stops(cell, threads)
 
 
-def _collect(jobs: Sequence[Any], cells: Sequence[Cell]) -> Iterator[CellOutcome]:
-    for job, cell in zip(jobs, cells, strict=True):
-        try:
-            yield job.result()
-        except Exception as error:  # the job died outside run_cell (killed, out of memory...)
-            message = f"{type(error).__name__}: {error}".strip().splitlines()[-1]
-            yield CellOutcome.failed(cell, f"job {job.job_id}: {message}")
+def _job_outcome(job: Any, cell: Cell) -> CellOutcome:
+    """Wait for ``job``; a job that ends without a result (killed, out of memory...) fails its cell."""
+    try:
+        return job.result()
+    except Exception as error:
+        return CellOutcome.failed(cell, _job_death(job, error))
+
+
+def _job_death(job: Any, error: Exception) -> str:
+    process = getattr(job, "_process", None)  # submitit's local job: its controller process
+    code = process.poll() if process is not None else None
+    if code is not None and code < 0:
+        return f"{_died(code)}, job {job.job_id}"
+    if isinstance(error, submitit.core.utils.UncompletedJobError):
+        state = getattr(job, "state", "") if process is None else ""  # SLURM's word (OUT_OF_MEMORY...)
+        return f"worker died (job {job.job_id} ended without a result{f', state {state}' if state else ''})"
+    message = f"{type(error).__name__}: {error}".strip().splitlines()[-1]
+    return f"job {job.job_id}: {message}"
+
+
+def _collect(jobs: Sequence[Any], cells: Sequence[Cell], stop_wait_s: float = 0.0) -> Iterator[CellOutcome]:
+    """Each job's outcome in order; one job's death does not stop the others being collected.
+    On Ctrl-C the jobs not yet collected are cancelled (waiting up to ``stop_wait_s`` for them
+    to end), reported, and KeyboardInterrupt is raised again."""
+    pending = list(zip(jobs, cells, strict=True))
+    try:
+        while pending:
+            job, cell = pending[0]
+            outcome = _job_outcome(job, cell)
+            pending.pop(0)
+            yield outcome
+    except KeyboardInterrupt:
+        for job, _ in pending:
+            with contextlib.suppress(Exception):  # already gone
+                job.cancel(check=False)
+        deadline = time.monotonic() + stop_wait_s
+        while time.monotonic() < deadline and not all(job.done() for job, _ in pending):
+            time.sleep(0.5)
+        for job, cell in pending:
+            outcome = None
+            if job.done():
+                try:
+                    outcome = job.result()
+                except Exception:
+                    outcome = None
+            yield outcome if outcome is not None else CellOutcome.interrupted(cell, f"interrupted (job {job.job_id})")
+        raise
 
 
 def _submitit_parameters(resources: ResourcesConfig) -> dict[str, Any]:
@@ -146,7 +335,7 @@ class SubmititLocalLauncher(WorkersLauncher):
             wave = cells[start : start + self.workers]
             with executor.batch():
                 jobs = [executor.submit(CellJob(), cell, threads) for cell in wave]
-            yield from _collect(jobs, wave)
+            yield from _collect(jobs, wave, stop_wait_s=sum(STOP_GRACE_S))
 
 
 @dataclass

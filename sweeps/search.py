@@ -27,7 +27,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSw
 
 from experiments.callbacks.pruning import make_pruner
 from experiments.config import SearchConfig
-from sweeps.cells import Cell, CellOutcome
+from sweeps.cells import INTERRUPTED, Cell, CellOutcome
 
 FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
@@ -105,12 +105,15 @@ def run_search(
     dispatch: Callable[[Sequence[Cell]], Iterable[CellOutcome]],
     round_size: int,
     report: Callable[[CellOutcome], None] = lambda outcome: None,
+    outcomes: list[CellOutcome] | None = None,
 ) -> tuple[optuna.Study, list[CellOutcome]]:
-    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones."""
+    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones; each
+    outcome is appended to ``outcomes`` as it comes, so a caller interrupted midway has them.
+    A trial interrupted by Ctrl-C stays RUNNING in the study: the next run launches it again."""
     space = distributions(search)
     make_pruner(search.pruner, search.pruner_startup_trials)  # a bad name fails before any trial
     study = open_study(search, study_name, storage)
-    outcomes: list[CellOutcome] = []
+    outcomes = [] if outcomes is None else outcomes
     while True:
         finished = sum(t.state in FINISHED_STATES for t in study.trials)
         if finished >= search.n_trials:
@@ -137,7 +140,9 @@ def run_search(
             for trial_id, number, params in trials
         ]
         for outcome in dispatch(cells):
-            if outcome.status == "PRUNED":
+            if outcome.status == INTERRUPTED:
+                pass  # left RUNNING: relaunched with the same parameters when the search resumes
+            elif outcome.status == "PRUNED":
                 study.tell(outcome.index, state=optuna.trial.TrialState.PRUNED)
             elif outcome.status == "FINISHED" and outcome.val_loss is not None:
                 study.tell(outcome.index, outcome.val_loss)

@@ -13,8 +13,12 @@ sweep file's ``hydra.sweeper.params``. Bookkeeping:
 * one MLflow parent run per sweep, one child run per cell (``tracking.parent_run_id``);
 * every cell is validated before anything trains; cells whose run already finished are
   skipped, interrupted ones resume;
-* a failing cell is FAILED with its error and the others go on; the summary at the end lists
-  every cell, and the exit code is 1 if any failed.
+* a failing cell is FAILED with its error and the others go on, also when its worker process
+  dies (a signal, the OOM killer): the sweep then closes the cell's MLflow run FAILED itself; the
+  summary at the end lists every cell, and the exit code is 1 if any failed;
+* Ctrl-C stops the grid: running cells stop (their runs KILLED, tag ``interrupted``), cells not
+  started never start, the parent run is KILLED, the summary says which cells finished, which
+  were interrupted and which never ran, and the exit code is 130. Re-running resumes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -30,13 +34,17 @@ from omegaconf import OmegaConf
 from experiments.compose import compose_config
 from experiments.overrides import OverrideError, check_overrides
 from experiments.plan import InputError, RunPlan, plan_run
-from experiments.tracking import TrackingError, artifact_location, open_run, prepare_sqlite_store
+from experiments.tracking import RunRecord, TrackingError, artifact_location, open_run, prepare_sqlite_store
 from mesh_model import ConfigError
-from sweeps.cells import Cell, CellOutcome
+from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
 from sweeps.config import LaunchConfig
 from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_overrides, split_arguments, sweep_key
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.launchers import LaunchError
+
+# Tags that say how a parent run stopped; a parent reopened by a re-run drops them.
+STOP_TAGS = ("error", "interrupted", "terminated")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def sweep_dir_for(plan: RunPlan, key: str) -> Path:
@@ -45,7 +53,9 @@ def sweep_dir_for(plan: RunPlan, key: str) -> Path:
 
 
 def parent_run(name: str, key: str, cells: Sequence[Cell], plans: Sequence[RunPlan]) -> tuple[str, str, Path]:
-    """(tracking URI, parent run id, sweep dir); the parent is reused when the sweep re-runs."""
+    """(tracking URI, parent run id, sweep dir); the parent is reused when the sweep re-runs: it is
+    RUNNING again and the tags of how an earlier invocation stopped are cleared, so its final
+    status and tags are those of the latest invocation."""
     import mlflow
 
     first = plans[0]
@@ -56,6 +66,10 @@ def parent_run(name: str, key: str, cells: Sequence[Cell], plans: Sequence[RunPl
     id_file = sweep_dir / "parent_run_id"
     if id_file.exists():
         run_id = id_file.read_text().strip()
+        tags = client.get_run(run_id).data.tags
+        for tag in STOP_TAGS:
+            if tag in tags:
+                client.delete_tag(run_id, tag)
         client.update_run(run_id, status="RUNNING")
     else:
         tags = {"sweep": name, "kind": "sweep", "cells": str(len(cells))}
@@ -67,6 +81,7 @@ def parent_run(name: str, key: str, cells: Sequence[Cell], plans: Sequence[RunPl
 
 
 def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sys.stdout) -> int:
+    """Run the grid ``name``; 0 when every cell finished, 1 when one failed, 130 on Ctrl-C."""
     if name not in sweep_names():
         raise SweepError(f"sweep={name!r} is invalid: known sweeps: {', '.join(sweep_names())}")
     launch_overrides, cell_overrides = split_arguments(arguments)
@@ -93,7 +108,7 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
     pending = []
     for cell, plan in zip(cells, plans, strict=True):
         if plan.result_file.exists():
-            outcomes[cell.index] = CellOutcome.from_result(cell, "SKIPPED", json.loads(plan.result_file.read_text()))
+            outcomes[cell.index] = CellOutcome.from_result(cell, SKIPPED, json.loads(plan.result_file.read_text()))
         else:
             extra = [f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
             pending.append(Cell(cell.index, [*cell.overrides, *extra], cell.label))
@@ -103,16 +118,78 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
         f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {fixed or '(defaults)'}",
         file=out,
     )
-    for outcome in launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit"):
-        outcome.overrides, outcome.label = cells[outcome.index].overrides, cells[outcome.index].label
+
+    def record(outcome: CellOutcome) -> None:
+        cell = cells[outcome.index]
+        outcome.overrides, outcome.label = cell.overrides, cell.label
+        settle_run(tracking_uri, plans[outcome.index].run_dir, outcome)
         outcomes[outcome.index] = outcome
-        print(f"[mesh-sweep] cell {outcome.index}: {outcome.status} {outcome.label}", file=out)
-    ordered = [outcomes[c.index] for c in cells]
-    failed = [o for o in ordered if o.status == "FAILED"]
-    _close_parent(tracking_uri, parent_id, ordered)
+        print(f"[mesh-sweep] cell {outcome.index}: {outcome.status} {outcome.label}", file=out, flush=True)
+
+    try:
+        interrupted = launch_cells(launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit"), record)
+    except BaseException as error:  # the sweep itself broke: its parent run says so, then it propagates
+        _close_parent(tracking_uri, parent_id, list(outcomes.values()), error=error)
+        raise
+    ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
+    _close_parent(tracking_uri, parent_id, ordered, interrupted=interrupted)
     (sweep_dir / "summary.json").write_text(json.dumps([o.__dict__ for o in ordered], indent=2))
     print(summary_table(name, ordered), file=out)
-    return 1 if failed else 0
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return 1 if any(o.status == FAILED for o in ordered) else 0
+
+
+def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome], None]) -> bool:
+    """Record every outcome the launcher yields; True when Ctrl-C stopped the grid.
+
+    A launcher stops its running cells on KeyboardInterrupt, yields what became of them and raises
+    it again (sweeps/launchers.py). When the interrupt lands here instead (between two outcomes),
+    it is thrown into the launcher at its ``yield`` so that it does the same."""
+    try:
+        for outcome in outcomes:
+            record(outcome)
+        return False
+    except KeyboardInterrupt:
+        pass
+    try:
+        outcome = outcomes.throw(KeyboardInterrupt()) if hasattr(outcomes, "throw") else next(outcomes)
+        while True:
+            record(outcome)
+            outcome = next(outcomes)
+    except (KeyboardInterrupt, StopIteration):
+        pass
+    finally:
+        if hasattr(outcomes, "close"):
+            outcomes.close()
+    return True
+
+
+def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
+    """Make the cell's MLflow run agree with its outcome when the cell's process could not close
+    it (a worker killed by a signal leaves it RUNNING): FAILED with the ``error`` tag, or KILLED
+    with the ``interrupted`` tag. A run its process closed is left as it is."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    id_file = run_dir / RunRecord.ID_FILE
+    if outcome.status not in (FAILED, INTERRUPTED) or not id_file.exists():
+        return
+    run_id = id_file.read_text().strip()
+    outcome.run_id = outcome.run_id or run_id
+    outcome.run_dir = outcome.run_dir or str(run_dir)
+    client = mlflow.MlflowClient(tracking_uri)
+    try:
+        if client.get_run(run_id).info.status != "RUNNING":
+            return
+        if outcome.status == FAILED:
+            client.set_tag(run_id, "error", outcome.error or "failed")
+            client.set_terminated(run_id, "FAILED")
+        else:
+            client.set_tag(run_id, "interrupted", outcome.error or "interrupted")
+            client.set_terminated(run_id, "KILLED")
+    except MlflowException as error:  # the run is gone from the store: nothing to settle
+        print(f"[mesh-sweep] could not close MLflow run {run_id}: {str(error).splitlines()[0]}", file=sys.stderr)
 
 
 def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: LaunchConfig, dry_run: bool, out) -> int:
@@ -139,15 +216,31 @@ def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: Lau
     tracking_uri, parent_id, sweep_dir = parent_run(name, key, [Cell(0, overrides)], [plan])
     base_overrides = [*overrides, f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
     print(f"[mesh-sweep] {name}: Optuna search to {search.n_trials} trials, study {study_name!r}", file=out)
-    study, outcomes = run_search(
-        search,
-        study_name,
-        storage,
-        base_overrides,
-        lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit"),
-        launch.launcher.concurrency,
-        lambda o: print(f"[mesh-sweep] trial {o.index}: {o.status} {o.label}", file=out),
-    )
+
+    def report(outcome: CellOutcome) -> None:
+        if outcome.status in (FAILED, INTERRUPTED):
+            settle_run(tracking_uri, plan_run(compose_config(outcome.overrides)).run_dir, outcome)
+        print(f"[mesh-sweep] trial {outcome.index}: {outcome.status} {outcome.label}", file=out, flush=True)
+
+    outcomes: list[CellOutcome] = []
+    try:
+        study, outcomes = run_search(
+            search,
+            study_name,
+            storage,
+            base_overrides,
+            lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit"),
+            launch.launcher.concurrency,
+            report,
+            outcomes,
+        )
+    except KeyboardInterrupt:
+        _close_parent(tracking_uri, parent_id, outcomes, interrupted=True)
+        print(f"\n{name}: interrupted; running trials were stopped, re-run the command to resume the study", file=out)
+        return EXIT_INTERRUPTED
+    except BaseException as error:
+        _close_parent(tracking_uri, parent_id, outcomes, error=error)
+        raise
     _close_parent(tracking_uri, parent_id, outcomes)
     lines = [f"\n{name}: {len(study.trials)} trials", "| trial | state | value | params |", "|---|---|---|---|"]
     for trial in study.trials:
@@ -158,17 +251,40 @@ def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: Lau
     if completed:
         lines.append(f"best: trial {study.best_trial.number}, value {study.best_value:.4f}, {study.best_params}")
     print("\n".join(lines), file=out)
-    return 1 if any(o.status == "FAILED" for o in outcomes) else 0
+    return 1 if any(o.status == FAILED for o in outcomes) else 0
 
 
-def _close_parent(tracking_uri: str, parent_id: str, outcomes: Sequence[CellOutcome]) -> None:
+def _close_parent(
+    tracking_uri: str,
+    parent_id: str,
+    outcomes: Sequence[CellOutcome],
+    interrupted: bool = False,
+    error: BaseException | None = None,
+) -> None:
+    """Counts of cells per status, then the parent's final status: KILLED (tag ``interrupted``) on
+    Ctrl-C, FAILED when a cell failed or the sweep itself broke (tag ``error``), else FINISHED."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri)
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("FINISHED", "SKIPPED", "FAILED", "PRUNED")}
-    for status, count in counts.items():
-        client.log_metric(parent_id, f"cells_{status.lower()}", count)
-    client.set_terminated(parent_id, "FAILED" if counts["FAILED"] else "FINISHED")
+    try:
+        counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
+        for status, count in counts.items():
+            client.log_metric(parent_id, f"cells_{status.lower()}", count)
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            interrupted, error = True, None
+        if interrupted:
+            done = f"{counts[FINISHED] + counts[SKIPPED]} finished, {counts[INTERRUPTED]} interrupted"
+            client.set_tag(parent_id, "interrupted", f"Ctrl-C: {done}, {counts[NOT_STARTED]} never ran")
+            client.set_terminated(parent_id, "KILLED")
+        elif error is not None:
+            client.set_tag(parent_id, "error", f"{type(error).__name__}: {error}"[:5000])
+            client.set_terminated(parent_id, "FAILED")
+        else:
+            client.set_terminated(parent_id, "FAILED" if counts[FAILED] else "FINISHED")
+    except Exception as failure:  # the store itself failed: the sweep's own error matters more
+        if error is None:
+            raise
+        print(f"[mesh-sweep] could not close the parent run {parent_id}: {failure}", file=sys.stderr)
 
 
 def summary_table(name: str, outcomes: Sequence[CellOutcome]) -> str:
@@ -177,8 +293,17 @@ def summary_table(name: str, outcomes: Sequence[CellOutcome]) -> str:
         loss = f"{o.val_loss:.4f}" if o.val_loss is not None else "-"
         note = o.error or o.run_dir or ""
         lines.append(f"| {o.index} | {o.label} | {o.status} | {loss} | {note} |")
-    failed = sum(o.status == "FAILED" for o in outcomes)
-    lines.append(f"{failed} failed" if failed else "all cells finished")
+    counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
+    if counts[INTERRUPTED] or counts[NOT_STARTED]:
+        finished = counts[FINISHED] + counts[SKIPPED]
+        lines.append(
+            f"interrupted: {finished} finished, {counts[FAILED]} failed, {counts[INTERRUPTED]} interrupted, "
+            f"{counts[NOT_STARTED]} never ran; run the same command to resume"
+        )
+    elif counts[FAILED]:
+        lines.append(f"{counts[FAILED]} failed")
+    else:
+        lines.append("all cells finished")
     return "\n".join(lines)
 
 
@@ -200,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the grid started (its own Ctrl-C is handled in run_sweep)
+        print("[mesh-sweep] interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

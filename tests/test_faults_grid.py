@@ -1,0 +1,256 @@
+"""Faults of a grid, with the real CLI, a real sqlite store and real signals.
+
+* SIGKILL to one worker of ``launcher=parallel``: only its cell fails, the others finish, and
+  MLflow agrees with the table;
+* Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it): the parent run is KILLED,
+  nothing is left RUNNING, cells not started never start, exit 130;
+* bad launch inputs: one line on stderr, exit 2, no store created;
+* ``mesh-results``: the same config and seed trained twice is one replicate, not two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+BIN = Path(sys.executable).parent
+GRID = ["schemes", "scheme=base,mesh,anchor", "launcher=parallel", "launcher.workers=2"]
+CELLS = {"scheme=base", "scheme=mesh", "scheme=anchor"}
+DIED = "worker died (signal 9)"
+
+
+@pytest.fixture
+def cell(grid_cell_overrides):
+    """A grid cell (conftest's GRID_CELL, no probes) that trains ``steps`` steps: long enough for a
+    signal to land while it trains."""
+
+    def overrides(steps: int, checkpoint_every: int = 20) -> list[str]:
+        changes = {"probes.enabled": "false", "max_steps": steps, "val_every": 20, "checkpoint_every": checkpoint_every}
+        kept = [o for o in grid_cell_overrides() if o.split("=", 1)[0] not in changes]
+        return [*kept, *(f"{key}={value}" for key, value in changes.items())]
+
+    return overrides
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def start_sweep(args: list[str], cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """``mesh-sweep`` in a process group of its own (as a shell runs a foreground job); output in files."""
+    log = cwd / "sweep.log"
+    with log.open("w") as out, (cwd / "sweep.err").open("w") as err:
+        process = subprocess.Popen(
+            [str(BIN / "mesh-sweep"), *args], cwd=cwd, env=environment(), stdout=out, stderr=err, start_new_session=True
+        )
+    return process, log
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def cell_workers(pid: int) -> list[int]:
+    """The spawned worker processes of the sweep (not multiprocessing's resource tracker), in the
+    order they started: the pool starts the cells in grid order."""
+    workers = []
+    for child in children(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                started = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19])
+                workers.append((started, child))
+        except (OSError, IndexError, ValueError):
+            continue
+    return [child for _, child in sorted(workers)]
+
+
+def wait_for(condition, timeout: float, process: subprocess.Popen, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    process.kill()
+    raise AssertionError(f"gave up waiting for {what} (sweep exit code {process.poll()})")
+
+
+def store(runs_dir: Path):
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("schemes").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    cells = [r for r in runs if r.data.tags.get("kind") != "sweep"]
+    return parents, cells
+
+
+def summary(runs_dir: Path) -> dict[str, dict]:
+    (path,) = runs_dir.glob("schemes/sweeps/*/summary.json")
+    return {o["label"]: o for o in json.loads(path.read_text())}
+
+
+def table_row(text: str, label: str) -> list[str]:
+    (line,) = [line for line in text.splitlines() if line.startswith("| ") and f"| {label} |" in line]
+    return [part.strip() for part in line.strip("|").split("|")]
+
+
+def checkpointed(runs_dir: Path, scheme: str) -> bool:
+    """The cell of ``scheme`` has saved a checkpoint: it is training, and far from done."""
+    return any(runs_dir.glob(f"schemes/*-{scheme}-*/checkpoints/*.ckpt"))
+
+
+@pytest.mark.slow
+def test_a_killed_worker_fails_its_cell_alone_and_mlflow_agrees(tmp_path, cell):
+    runs = tmp_path / "runs"
+    process, log = start_sweep([*GRID, *cell(100, checkpoint_every=10), f"runs_dir={runs}"], tmp_path)
+    # The first cell (scheme=base, in the first worker started) is 10 steps into training: kill it.
+    wait_for(lambda: checkpointed(runs, "base"), 240, process, "the first cell to train 10 steps")
+    workers = cell_workers(process.pid)
+    assert len(workers) == 2 and not list(runs.glob("schemes/*-base-*/result.json"))
+    os.kill(workers[0], signal.SIGKILL)
+    assert process.wait(timeout=300) == 1, log.read_text()
+
+    outcomes = summary(runs)
+    failed = [label for label, o in outcomes.items() if o["status"] == "FAILED"]
+    assert failed == ["scheme=base"] and outcomes["scheme=base"]["error"] == DIED
+    assert sorted(o["status"] for o in outcomes.values()) == ["FAILED", "FINISHED", "FINISHED"]
+    text = log.read_text()
+    assert table_row(text, failed[0])[2:] == ["FAILED", "-", DIED]
+    assert text.rstrip().endswith("1 failed")
+
+    parents, cells = store(runs)
+    assert len(parents) == 1 and parents[0].info.status == "FAILED"
+    assert not [r for r in [*parents, *cells] if r.info.status == "RUNNING"]
+    by_scheme = {f"scheme={r.data.params['scheme']}": r for r in cells}
+    assert set(by_scheme) == CELLS  # one run per cell: the killed one is not retried behind its back
+    killed = by_scheme[failed[0]]
+    assert killed.info.status == "FAILED" and killed.data.tags["error"] == DIED
+    assert killed.info.run_id == outcomes[failed[0]]["run_id"]
+    for label, run in by_scheme.items():
+        if label != failed[0]:
+            assert run.info.status == "FINISHED"
+            assert outcomes[label]["val_loss"] == pytest.approx(run.data.metrics["val_loss"])
+            assert table_row(text, label)[2] == "FINISHED"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_grid_closes_every_run_and_exits_130(tmp_path, cell):
+    runs = tmp_path / "runs"
+    process, log = start_sweep([*GRID, *cell(2000, checkpoint_every=10), f"runs_dir={runs}"], tmp_path)
+    wait_for(
+        lambda: checkpointed(runs, "base") and checkpointed(runs, "mesh"),
+        240,
+        process,
+        "both running cells to train 10 steps",
+    )
+    workers = cell_workers(process.pid)
+    assert len(workers) == 2
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the sweep and its workers
+    assert process.wait(timeout=120) == 130, log.read_text()
+
+    outcomes = summary(runs)
+    statuses = sorted(o["status"] for o in outcomes.values())
+    assert statuses == ["INTERRUPTED", "INTERRUPTED", "NOT_STARTED"]
+    (never,) = [label for label, o in outcomes.items() if o["status"] == "NOT_STARTED"]
+    assert never == "scheme=anchor"  # the third cell, queued behind the two that ran
+    text = log.read_text()
+    assert table_row(text, never)[2:] == ["NOT_STARTED", "-", "never ran (the grid was interrupted)"]
+    assert "interrupted: 0 finished, 0 failed, 2 interrupted, 1 never ran" in text
+
+    parents, cells = store(runs)
+    assert len(parents) == 1 and parents[0].info.status == "KILLED"
+    assert "2 interrupted, 1 never ran" in parents[0].data.tags["interrupted"]
+    assert not [r for r in [*parents, *cells] if r.info.status == "RUNNING"]
+    assert {f"scheme={r.data.params['scheme']}" for r in cells} == CELLS - {never}  # never started
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # no worker left behind
+
+
+BAD_INPUTS = [
+    (["launcher=parallel", "launcher.workers=0"], "launcher.workers=0 is invalid: must be an integer >= 1"),
+    (["launcher=parallel", "launcher.workers=-3", "--dry-run"], "launcher.workers=-3 is invalid"),
+    (["seeds=-1"], "seeds='-1' is invalid: seeds must be >= 1 or a list of seeds"),
+    (["seeds=0"], "seeds='0' is invalid: seeds must be >= 1 or a list of seeds"),
+    (["seeds=abc"], "seeds='abc' is invalid: seeds must be >= 1 or a list of seeds"),
+    (["resources.cpus_per_task=0"], "resources.cpus_per_task=0 is invalid: must be >= 1"),
+]
+
+
+@pytest.mark.slow
+def test_bad_launch_inputs_are_refused_in_one_line_before_anything_is_logged(tmp_path, cell):
+    started = []
+    for number, (arguments, message) in enumerate(BAD_INPUTS):  # side by side: each pays the imports
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        command = [str(BIN / "mesh-sweep"), "schemes", "scheme=base,mesh", *cell(6), f"runs_dir={folder / 'runs'}"]
+        process = subprocess.Popen(
+            [*command, *arguments], cwd=folder, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        started.append((arguments, message, folder, process))
+    for arguments, message, folder, process in started:
+        out, err = (text.decode() for text in process.communicate(timeout=180))
+        assert process.returncode == 2, (arguments, out, err)
+        assert err.count("\n") == 1 and err.startswith(f"error: {message}"), (arguments, err)
+        assert not (folder / "runs").exists() and not list(folder.rglob("mlflow.db")), arguments
+
+
+def _finished_run(client, experiment_id, name: str, seed: int, config_hash: str, loss: float, end_time: int) -> str:
+    tags = {"scheme": "base", "layout": "1+2R2+1", "preset": "tiny", "buffer_slots": "", "seed": str(seed)}
+    run = client.create_run(experiment_id, tags={**tags, "config_hash": config_hash}, run_name=name)
+    params = {"model": "tiny", "scheme": "base", "seed": seed, "data.corpus": "shakespeare"}
+    metrics = {"val_loss": loss, "val/shakespeare/loss": loss, "val/shakespeare/ppl": math.exp(loss)}
+    client.log_batch(
+        run.info.run_id,
+        metrics=[mlflow.entities.Metric(k, v, end_time - 10, 6) for k, v in metrics.items()],
+        params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()],
+    )
+    client.set_terminated(run.info.run_id, "FINISHED", end_time=end_time)
+    return run.info.run_id
+
+
+@pytest.mark.slow
+def test_the_same_config_and_seed_trained_twice_is_one_replicate(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment_id = client.create_experiment("dups", artifact_location=(tmp_path / "artifacts").as_uri())
+    now = int(time.time() * 1000)
+    # Seed 0 trained twice (two spellings of one config share the hash); the first one created ended last.
+    latest = _finished_run(client, experiment_id, "seed0-again", 0, "aaaaaaaaaaaa", 7.40, now)
+    earlier = _finished_run(client, experiment_id, "seed0-first", 0, "aaaaaaaaaaaa", 7.20, now - 60_000)
+    _finished_run(client, experiment_id, "seed1", 1, "bbbbbbbbbbbb", 7.60, now)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [str(BIN / "mesh-results"), "dups", "--tracking-uri", uri, "--out", str(out)],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    (row,) = pd.read_csv(out / "table.csv").to_dict("records")
+    assert row["n_runs"] == 2 and str(row["seeds"]) == "0 1"
+    assert "7.5000 ± 0.1414 (n=2)" in (out / "table.md").read_text()  # 7.40 (the latest of seed 0) and 7.60
+    report = (out / "report.md").read_text()
+    assert "**Duplicates left out** (1)" in report
+    assert "`seed0-first` (kept `seed0-again`, row `base 1+2R2+1`, seed 0, config_hash `aaaaaaaaaaaa`)" in report
+    runs = pd.read_csv(out / "runs.csv", keep_default_na=False)
+    assert runs.set_index("run_id").loc[earlier, "duplicate_of"] == latest
