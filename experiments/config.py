@@ -24,6 +24,7 @@ from mesh_model import ConfigError
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 PRUNERS = ("median", "none")
 DIRECTIONS = ("minimize", "maximize")
+MAX_SEED = 2**32 - 1  # numpy's (and Lightning's seed_everything's) largest seed
 
 
 def _at_least(field_name: str, value: Any, low: int | float) -> None:
@@ -166,11 +167,16 @@ class TrainConfig:
     resume: bool = True
     compile: bool = False  # torch.compile the model (one graph: the loop does not recompile)
     activation_checkpointing: bool = False  # recompute each core iteration in backward
+    allow_large: bool = False  # train even when the step's memory estimate exceeds what is available
 
     def validate(self) -> None:
         """Every field of the run, its groups included; the model axes are checked by ModelConfig."""
         for name in ("max_steps", "val_every", "log_every", "checkpoint_every"):
             _at_least(name, getattr(self, name), 1)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError("seed", self.seed, f"seeds are integers from 0 to {MAX_SEED}")
+        if not self.runs_dir:
+            raise ConfigError("runs_dir", self.runs_dir, "give a folder for the runs (default: runs)")
         for part in (self.data, self.trainer, self.optim, self.tracking, self.probes, self.search):
             part.validate()
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mesh_model import PRESETS, ConfigError, ModelConfig
+from mesh_model import PRESETS, ConfigError, ModelConfig, SchemeSpec
 
 # Config keys (dotted; a key covers its children) that do not change what a run computes.
 RUN_INVARIANT_KEYS = (
@@ -31,6 +31,7 @@ RUN_INVARIANT_KEYS = (
     "data.cache_dir",
     "compile",  # the same math, traced into one graph
     "activation_checkpointing",  # the same math, recomputed in backward
+    "allow_large",  # only whether the memory check may stop the run
     "log_every",
     "checkpoint_every",
 )
@@ -65,6 +66,9 @@ def model_config_for(cfg: Mapping[str, Any], vocab_size: int | None = None) -> M
         raise ConfigError("model", cfg["model"], f"known presets: {', '.join(PRESETS)}")
     overrides: dict[str, Any] = dict(cfg.get("model_overrides") or {})
     vanilla = cfg["scheme"] == VANILLA
+    slots = cfg.get("buffer_slots")
+    if slots is not None and (vanilla or SchemeSpec.parse(cfg["scheme"]).kind != "mesh"):
+        raise ConfigError("buffer_slots", slots, "only scheme=mesh has a buffer; drop buffer_slots or use scheme=mesh")
     overrides["scheme"] = "base" if vanilla else cfg["scheme"]
     overrides["buffer_slots"] = None if vanilla else cfg["buffer_slots"]
     if cfg["layout"] is not None:

@@ -1,7 +1,9 @@
 """One-line answers for overrides Hydra would reject with a multi-line report.
 
-``check_overrides`` runs before Hydra composes: a key that does not exist, or a group option
-that does not exist, stops with one line that names it and lists what does exist.
+``check_overrides`` runs before Hydra composes: a malformed override, a key that does not
+exist, a group option that does not exist, a value the key's type cannot hold
+(``data.seq_len=abc``) or a ``runs_dir`` that cannot hold runs stops with one line that names it
+and says what is allowed.
 """
 
 from __future__ import annotations
@@ -9,13 +11,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
 from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
 from experiments.compose import group_options
 from experiments.config import GROUP_SCHEMAS, TrainConfig
+from experiments.store_check import check_runs_dir
+from mesh_model import ConfigError
 
 # Keys whose children are free-form (any ModelConfig field may be set under them).
 OPEN_KEYS = ("model_overrides",)
+# What a schema node's type accepts, for the one-line answer to a value it cannot hold.
+TYPE_NAMES = {
+    "IntegerNode": "an integer",
+    "FloatNode": "a number",
+    "BooleanNode": "true or false",
+    "StringNode": "a string",
+}
 
 
 class OverrideError(ValueError):
@@ -80,3 +93,36 @@ def check_overrides(
             where = f" under {parent!r}" if parent else ""
             listed = ", ".join(map(str, known)) or "(none)"
             raise OverrideError(f"{key!r} is not a config key{where}; known keys: {listed}")
+        if override.is_delete():
+            continue
+        for value in _values(override):
+            _check_type(node, key, leaf, value)
+            if key == "runs_dir" and isinstance(value, str):
+                try:
+                    check_runs_dir(value)  # before Hydra creates <runs_dir>/hydra/...
+                except ConfigError as error:
+                    raise OverrideError(str(error)) from None
+
+
+def _values(override) -> list:
+    """The values an override sets: one, or each choice of a sweep (ranges and intervals are
+    typed by Hydra itself)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    sweep = override.value()
+    return list(sweep.list) if isinstance(sweep, ChoiceSweep) else []
+
+
+def _check_type(node, key: str, leaf: str, value) -> None:
+    """A value the schema's type cannot hold (``data.seq_len=abc``) is one line, not Hydra's report."""
+    if isinstance(value, str) and "${" in value:
+        return  # an interpolation, resolved later
+    try:
+        OmegaConf.merge(node, {leaf: value})
+    except ValidationError as error:
+        field = node._get_node(leaf)
+        expected = TYPE_NAMES.get(type(field).__name__)
+        if expected and field._is_optional():
+            expected += " or null"
+        reason = f"must be {expected}" if expected else str(error).strip().splitlines()[0]
+        raise OverrideError(f"{key}={value!r} is invalid: {reason}") from None

@@ -1,4 +1,8 @@
-"""Everything decided and checked about a run before compute starts: :func:`plan_run`."""
+"""Everything decided and checked about a run before compute starts: :func:`plan_run`.
+
+Each check answers in one line (``InputError``, ``ConfigError`` or ``TrackingError``, which
+``mesh-train`` prints as ``error: ...`` with exit code 2), before any data is prepared or model built.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import OptimConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
+from experiments.data.corpora import check_text_files
 from experiments.identity import config_hash, model_config_for, run_key
-from experiments.tracking import check_tracking_uri, resolve_tracking_uri
+from experiments.store_check import check_runs_dir, check_tracking_uri
+from experiments.tracking import resolve_tracking_uri
 from mesh_model import PRESETS, ConfigError, ModelConfig
+from mesh_model.accounting import GB, MemoryEstimate, estimate_step_memory
+
+GPT2_VOCAB = 50257  # the gpt2 tokenizer's vocabulary (data.tokenizer=gpt2)
+# Strategies that shard parameters, gradients and optimizer state over the devices.
+SHARDED_STRATEGIES = ("fsdp", "deepspeed")
 
 
 class InputError(ValueError):
@@ -53,8 +64,9 @@ class RunPlan:
 
 
 def plan_run(cfg: DictConfig) -> RunPlan:
-    """Validate every input (each dataclass's ``validate()``, once, and the model) and decide the
-    run's identity; touches no model or data."""
+    """Validate every input (each dataclass's ``validate()``, once, the model, the step's memory,
+    the user's data files, ``runs_dir`` and the store) and decide the run's identity; touches no
+    model or data, creates nothing."""
     config = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(config, dict)
     train: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
@@ -68,6 +80,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
             f"data.seq_len={train.data.seq_len} is invalid: the model's max_seq_len is {model_config.max_seq_len} "
             f"(raise it with +model_overrides.max_seq_len=...)"
         )
+    check_memory(train, model_config)
+    if train.data.corpus == "text":
+        check_text_files(train.data.path or "")
+    check_runs_dir(train.runs_dir)
     runs_dir = Path(train.runs_dir).expanduser().resolve()
     tracking_uri = resolve_tracking_uri(train.tracking.tracking_uri, runs_dir, os.environ)
     check_tracking_uri(tracking_uri)
@@ -83,3 +99,142 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         config_hash=digest,
         run_dir=runs_dir / train.tracking.experiment / run_key(model_config, train.seed, digest),
     )
+
+
+def check_memory(train: TrainConfig, model_config: ModelConfig, available: int | None = None) -> MemoryEstimate:
+    """Refuse (one line) a run whose training step is estimated to need more memory than the
+    machine has free (``mesh_model.accounting.estimate_step_memory``), unless ``allow_large``.
+
+    ``available`` defaults to :func:`available_memory`; where it is unknown (no CUDA on a GPU
+    run, MPS, TPU) nothing is refused. CPU processes of one node (``trainer=ddp_cpu``) share the RAM.
+    """
+    trainer = train.trainer
+    activation_bytes, param_bytes = precision_bytes(trainer.resolved_precision)
+    vocab = _expected_vocab(train)
+    config = model_config.replace(vocab_size=vocab) if vocab else model_config
+    on_gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and _cuda_available())
+    sharded = on_gpu and any(name in str(trainer.strategy).lower() for name in SHARDED_STRATEGIES)
+    estimate = estimate_step_memory(
+        config,
+        train.data.batch_size,
+        train.data.seq_len,
+        activation_bytes=activation_bytes,
+        param_bytes=param_bytes,
+        activation_checkpointing=train.activation_checkpointing,
+        accelerator=on_gpu,
+        param_shards=_processes(trainer.devices, on_gpu) * max(trainer.num_nodes, 1) if sharded else 1,
+    )
+    # Only the launching process (global rank 0) refuses: the others start once it has allocated,
+    # and a refusal on one rank alone would leave the rest waiting for it.
+    if train.allow_large or launched_rank() != 0:
+        return estimate
+    found = available_memory("gpu" if on_gpu else trainer.accelerator) if available is None else (available, "")
+    if found is None:
+        return estimate
+    free, where = found
+    processes = 1 if on_gpu else _processes(trainer.devices, on_gpu)
+    if processes * estimate.total <= free:
+        return estimate
+    per = f"{processes} processes x " if processes > 1 else ""
+    fixes = "lower K, batch or seq_len" + (
+        "" if train.activation_checkpointing else ", use activation_checkpointing=true"
+    )
+    raise InputError(
+        f"layout={model_config.layout}: the training step needs about {per}{estimate.describe()} but "
+        f"{free / GB:.1f} GB are available{where}; {fixes}, or pass allow_large=true"
+    )
+
+
+def precision_bytes(precision: str) -> tuple[int, int]:
+    """(bytes of an activation, bytes of a parameter) under a Lightning precision setting."""
+    text = str(precision)
+    if "mixed" in text:
+        return 2, 4
+    if text.startswith(("bf16", "16")):
+        return 2, 2
+    if text.startswith("64"):
+        return 8, 8
+    return 4, 4
+
+
+def available_memory(accelerator: str) -> tuple[int, str] | None:
+    """(bytes free, where) for the accelerator: the GPU's free memory (``torch.cuda.mem_get_info``
+    of this process's local rank), or the RAM the kernel says is available (``MemAvailable``,
+    capped by a cgroup limit); None where it cannot be known."""
+    if accelerator in ("gpu", "cuda"):
+        if not _cuda_available():
+            return None
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", "0")))
+        return free, " on the GPU"
+    if accelerator not in ("cpu", "auto"):
+        return None
+    ram = _mem_available()
+    return (ram, " in RAM") if ram is not None else None
+
+
+def _mem_available() -> int | None:
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            cap = int(Path(limit).read_text()) - int(Path(usage).read_text())
+        except (OSError, ValueError):  # absent, or "max"
+            continue
+        free = min(free, max(cap, 0))
+    return free
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def launched_rank() -> int:
+    """The global rank a launcher gave this process (Lightning's order of variables); 0 when none."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def _processes(devices: object, on_gpu: bool) -> int:
+    """Training processes on one node: Lightning's ``devices`` (``auto`` or -1: every GPU, or 1 on a CPU)."""
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        return max(len(devices), 1)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    if on_gpu and _cuda_available():
+        import torch
+
+        return max(torch.cuda.device_count(), 1)
+    return 1
+
+
+def _expected_vocab(train: TrainConfig) -> int | None:
+    """The vocabulary train.py will give the model (its tokenizer's, padded to 64) where it is
+    known before the tokenizer exists; None keeps the preset's."""
+    if "vocab_size" in (train.model_overrides or {}):
+        return None
+    data = train.data
+    size = {"bpe": data.bpe_vocab_size, "gpt2": GPT2_VOCAB}.get(data.tokenizer)
+    if size is None or (data.corpus == "indexed" and data.tokenizer == "bpe"):
+        return None
+    return -(-size // 64) * 64

@@ -12,8 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -138,32 +136,6 @@ def artifact_location(uri: str, experiments_dir: Path) -> str | None:
     """Where a new experiment keeps its artifacts: ``<runs_dir>/<experiment>/mlartifacts`` next to
     the runs for a local store; the server's own default for any other store."""
     return (experiments_dir / "mlartifacts").as_uri() if sqlite_path(uri) is not None else None
-
-
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast, before any compute, when the store cannot be reached or written."""
-    if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
-                if response.status != 200:
-                    raise TrackingError(f"tracking_uri={uri!r} does not answer: /health returned {response.status}")
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise TrackingError(
-                f"tracking_uri={uri!r} does not answer ({reason}); start the server (mlflow server --port ...) "
-                "or unset MLFLOW_TRACKING_URI to use the local sqlite store"
-            ) from None
-    elif (path := sqlite_path(uri)) is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise TrackingError(f"tracking_uri={uri!r} cannot be created: {error.strerror}") from None
-        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            raise TrackingError(f"tracking_uri={uri!r} is not writable")
-    elif uri.startswith("file:") or "://" not in uri:
-        raise TrackingError(
-            f"tracking_uri={uri!r} is a file store, which MLflow 3.13+ refuses; use sqlite:///path/to/mlflow.db"
-        )
 
 
 @contextmanager

@@ -12,7 +12,6 @@ the run already finished, returns its result without training.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -29,19 +28,11 @@ from experiments.config import register_configs
 from experiments.identity import model_config_for
 from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError, check_overrides
-from experiments.plan import InputError, RunPlan, plan_run
+from experiments.plan import InputError, RunPlan, launched_rank, plan_run
 from experiments.tracking import RunRecord, TrackingError, flatten, git_commit, isolated_tracking_uri
 from mesh_model import ConfigError, ModelConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def process_rank() -> int:
-    """Global rank from the launcher's environment (Lightning's order), known before DDP starts."""
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0
 
 
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
@@ -54,7 +45,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Rank 0 holds the run directory's lock for the whole run: the same run started twice stops
     the second one at once (:class:`~experiments.locks.RunInUseError`)."""
     plan = plan_run(cfg)
-    lock = RunLock(plan.run_dir) if process_rank() == 0 else nullcontext()
+    lock = RunLock(plan.run_dir) if launched_rank() == 0 else nullcontext()
     with lock:
         if plan.config["resume"] and plan.result_file.exists():
             print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
@@ -77,7 +68,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     model_config = model_config_for(plan.config, padded_vocab(prepared.vocab_size))
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
-    record = _open_record(plan, model_config) if process_rank() == 0 else None  # rank 0 owns the run
+    record = _open_record(plan, model_config) if launched_rank() == 0 else None  # rank 0 owns the run
     resume_from = newest_intact_checkpoint(plan.checkpoint_dir) if plan.config["resume"] else None
     trainer = None
     try:

@@ -93,6 +93,7 @@ def build_trainer(
         enable_progress_bar=sys.stderr.isatty(),
         enable_model_summary=False,
         enable_checkpointing=False,  # StepCheckpoint writes the checkpoints
+        use_distributed_sampler=False,  # the training sampler shards by rank itself (experiments/data/sampler.py)
         num_sanity_val_steps=0,
         default_root_dir=str(plan.run_dir),
     )

@@ -18,8 +18,16 @@ from dataclasses import dataclass
 from mesh_model.errors import ConfigError
 
 LAYOUT_FORMS = "use N (vanilla), P+CRK+Q (shared core looped K>=1 times, e.g. 4+8R2+4) or P+C1+...+Cn+Q (distinct segments, e.g. 4+8+8+4)"
+# No count in a layout (layers of a part, loops) may exceed this; far beyond any model that fits
+# in memory, and it keeps a typo such as 4+8R2000000000+4 from allocating its schedule.
+MAX_COUNT = 10_000
 
-_LOOP = re.compile(r"^(\d+)R(\d+)$")
+_LOOP = re.compile(r"^([0-9]+)R([0-9]+)$")
+
+
+def _is_number(part: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` and ``int`` also take other scripts' digits ('２')."""
+    return part.isascii() and part.isdigit()
 
 
 @dataclass(frozen=True)
@@ -64,12 +72,15 @@ class Layout:
         parts = compact.split("+")
         if not compact or any(p == "" for p in parts):
             raise ConfigError("layout", text, LAYOUT_FORMS)
+        if not compact.isascii():
+            raise ConfigError("layout", text, "only ASCII digits 0-9, '+' and 'R' are allowed; " + LAYOUT_FORMS)
         looped = [p for p in parts if "R" in p.upper()]
         if looped:
             return cls._parse_looped(text, [p.upper() for p in parts])
-        if not all(p.isdigit() for p in parts):
+        if not all(_is_number(p) for p in parts):
             raise ConfigError("layout", text, LAYOUT_FORMS)
         sizes = [int(p) for p in parts]
+        _check_counts(text, sizes)
         if len(sizes) == 1:
             if sizes[0] < 1:
                 raise ConfigError("layout", text, "a vanilla layout needs at least 1 layer; " + LAYOUT_FORMS)
@@ -91,12 +102,13 @@ class Layout:
     def _parse_looped(cls, text: str, parts: list[str]) -> Layout:
         if len(parts) == 1:
             parts = ["0", parts[0], "0"]
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+        if len(parts) != 3 or not _is_number(parts[0]) or not _is_number(parts[2]):
             raise ConfigError("layout", text, LAYOUT_FORMS)
         match = _LOOP.match(parts[1])
         if match is None:
             raise ConfigError("layout", text, LAYOUT_FORMS)
         core, loops = int(match.group(1)), int(match.group(2))
+        _check_counts(text, [int(parts[0]), core, loops, int(parts[2])])
         if core < 1:
             raise ConfigError("layout", text, "the core needs at least 1 layer (C>=1 in P+CRK+Q)")
         if loops < 1:
@@ -108,3 +120,8 @@ class Layout:
             core_schedule=(0,) * loops,
             coda=int(parts[2]),
         )
+
+
+def _check_counts(text: str, counts: list[int]) -> None:
+    if max(counts) > MAX_COUNT:
+        raise ConfigError("layout", text, f"every layer and loop count must be at most {MAX_COUNT}; " + LAYOUT_FORMS)

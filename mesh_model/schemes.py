@@ -27,6 +27,7 @@ Every scheme's state is a ``LoopState`` (h, h_emb, h0); MeSH carries more in its
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -41,7 +42,10 @@ SCHEME_FORMS = (
     "use base, mesh, static, dynamic, or a '+'-joined sum of residual, anchor, anchor_emb "
     "(optionally weighted, e.g. residual+anchor or 0.5*anchor+anchor_emb; 'core' weights f)"
 )
-_TERM = re.compile(r"^(?:(?P<coef>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\*)?(?P<name>[a-z_]+\*?)$")
+_TERM = re.compile(r"^(?:(?P<coef>[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\*)?(?P<name>[a-z_]+\*?)$")
+# A fixed coefficient's magnitude is at most this: beyond it the loop's state grows by orders of
+# magnitude per iteration (and 1e400 is not even a float), which is a typo, not an ablation.
+MAX_COEFFICIENT = 100.0
 _ALIASES = {"anchor*": "anchor_emb", "anchor_star": "anchor_emb", "f": "core"}
 
 
@@ -77,10 +81,20 @@ class SchemeSpec:
             term_name = _ALIASES.get(match.group("name"), match.group("name"))
             if term_name not in ("core", *SUPPLEMENT_TERMS) or term_name in coefficients:
                 raise ConfigError("scheme", text, SCHEME_FORMS)
-            coefficients[term_name] = float(match.group("coef")) if match.group("coef") else 1.0
+            coefficients[term_name] = _coefficient(text, term_name, match.group("coef"))
         if not any(t in coefficients for t in SUPPLEMENT_TERMS) and coefficients.get("core", 1.0) == 1.0:
             return cls(kind="base")
         return cls(kind="fixed", coefficients=coefficients)
+
+
+def _coefficient(text: str, term: str, written: str | None) -> float:
+    if written is None:
+        return 1.0
+    value = float(written)
+    if not math.isfinite(value) or abs(value) > MAX_COEFFICIENT:
+        allowed = f"the coefficient of {term} ({written}) must be a finite number between -{MAX_COEFFICIENT:g} and {MAX_COEFFICIENT:g}"
+        raise ConfigError("scheme", text, allowed)
+    return value
 
 
 @dataclass
@@ -195,10 +209,17 @@ class MeSH(StatePassing):
     writes, so slot b after i writes is ``h_emb [b=0] + sum_s w_s[b] v_s``. A read with weights r
     is therefore ``r[0] h_emb + sum_s (r . w_s) v_s``: per-token coefficients that are dot
     products over B, applied to values autograd keeps alive anyway (h_prelude and the core
-    outputs). No (B, N, L, D) tensor is built, stored for backward or copied per step; the extra
-    activation memory is O(K * N * L * B) instead of O(K * B * N * L * D). ``MeSHExplicitBuffer``
-    (``build_model(..., mesh_buffer="explicit")``) is the direct formulation; tests hold the two
-    equal.
+    outputs). No (B, N, L, D) tensor is built, stored for backward or copied per step.
+
+    What it keeps instead grows with K squared: read i stacks all i write weights so far into an
+    (N, L, i, B) tensor that autograd saves, so the K+1 reads keep (K+1)(K+2)/2 * B values per
+    token (about K^3/2 with the default B = K+3; the explicit form keeps K * B * D). For the
+    paper's K = 2 or 3 that is 30-60 values per token, nothing beside D; at K = 100, B = 103 it
+    is 530k (2.1 MB in fp32) per token, more than the explicit buffer's K * B * D unless
+    D > (K+2)/2. ``mesh_model.accounting.estimate_step_memory`` counts it as "MeSH coefficients".
+
+    ``MeSHExplicitBuffer`` (``build_model(..., mesh_buffer="explicit")``) is the direct
+    formulation; tests hold the two equal.
     """
 
     def __init__(self, loops: int, d_model: int, slots: int, init_std: float) -> None:

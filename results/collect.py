@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 
 from experiments.identity import distinguishes_rows
-from experiments.tracking import check_tracking_uri, resolve_tracking_uri, sqlite_path
+from experiments.store_check import check_tracking_uri
+from experiments.tracking import resolve_tracking_uri, sqlite_path
 
 TAG_COLUMNS = (
     "preset",

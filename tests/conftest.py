@@ -1,8 +1,118 @@
+"""Shared fixtures: the tiny-run overrides, a compose helper, and one trained tiny run per session.
+
+Under pytest-xdist every worker is its own session: it trains its own ``tiny_run`` in its own
+temporary folder, so workers never share a store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
 import pytest
 import torch
+from omegaconf import DictConfig
+
+from experiments.compose import compose_config
+
+# A run small enough for a test: the tiny preset on short windows, validated and checkpointed often.
+TINY_RUN = (
+    "model=tiny",
+    "max_steps=30",
+    "val_every=10",
+    "log_every=5",
+    "checkpoint_every=10",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "data.val_batches=2",
+)
+# The cells of a test grid (sweeps, results, the main job) are smaller still, as a grid trains many:
+# 6 steps on 32-token windows, one validation batch.
+GRID_CELL = (
+    "max_steps=6",
+    "val_every=3",
+    "log_every=2",
+    "checkpoint_every=3",
+    "data.seq_len=32",
+    "data.batch_size=4",
+    "data.val_batches=1",
+)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # one thread per worker: -n 2 on 2 cores does not oversubscribe them
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_overrides(base: Sequence[str], *changes: str) -> list[str]:
+    """``base`` with ``changes`` appended; a key given again replaces its entry in ``base``."""
+    changed = {override_key(c) for c in changes}
+    return [*(o for o in base if override_key(o) not in changed), *changes]
 
 
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def tiny_overrides() -> Callable[..., list[str]]:
+    """``tiny_overrides(*changes)``: the overrides of a tiny run (``TINY_RUN``) with ``changes`` applied."""
+    return lambda *changes: with_overrides(TINY_RUN, *changes)
+
+
+@pytest.fixture(scope="session")
+def grid_cell_overrides() -> Callable[..., list[str]]:
+    """``grid_cell_overrides(*changes)``: a test grid's cell (``TINY_RUN`` made ``GRID_CELL``-small) with
+    ``changes`` applied."""
+    return lambda *changes: with_overrides(TINY_RUN, *GRID_CELL, *changes)
+
+
+@pytest.fixture(scope="session")
+def compose_run(tiny_overrides) -> Callable[..., DictConfig]:
+    """``compose_run(*overrides)``: the composed config of a tiny run with ``overrides`` applied."""
+    return lambda *overrides: compose_config(tiny_overrides(*overrides))
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """A finished tiny run: where it lives, its MLflow run and what ``train()`` returned."""
+
+    runs_dir: Path
+    run_dir: Path
+    run_id: str
+    tracking_uri: str
+    client: mlflow.MlflowClient
+    result: dict[str, Any]
+    steps: int
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, compose_run) -> TinyRun:
+    """A tiny MeSH run of 10 steps, validated at 5 and 10, probed at the end, in its own sqlite store.
+
+    Tests that write into it (evaluation, mesh-probe --mlflow-run) add new keys or check what
+    their own call added, so the order in which tests use it does not matter.
+    """
+    from experiments.train import train
+
+    steps = 10
+    runs_dir = tmp_path_factory.mktemp("tiny_run")
+    result = train(compose_run(f"max_steps={steps}", "val_every=5", "scheme=mesh", f"runs_dir={runs_dir}"))
+    uri = f"sqlite:///{runs_dir / 'mlflow.db'}"
+    return TinyRun(
+        runs_dir=runs_dir,
+        run_dir=Path(result["run_dir"]),
+        run_id=result["run_id"],
+        tracking_uri=uri,
+        client=mlflow.MlflowClient(uri),
+        result=result,
+        steps=steps,
+    )

@@ -194,6 +194,7 @@ def test_suites_and_headline_metrics():
     assert size < 100_000
 
 
+@pytest.mark.slow
 def test_local_tasks_offline_from_any_folder_without_double_spaces(model, tokenizer, tmp_path, monkeypatch):
     """Relative data_files work from another working directory; 5-shot prompts have single spaces."""
     mine = tmp_path / "my_tasks"
@@ -243,22 +244,9 @@ def test_local_tasks_offline_from_any_folder_without_double_spaces(model, tokeni
     assert "  " in seen[0][0]
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    """A tiny mesh-train run of 20 steps (checkpoint, config.yaml, MLflow run in sqlite)."""
-    from test_train import compose_train
-
-    from experiments.train import train
-
-    runs_dir = tmp_path_factory.mktemp("runs")
-    result = train(
-        compose_train("max_steps=20", "val_every=20", "checkpoint_every=20", "scheme=mesh", f"runs_dir={runs_dir}")
-    )
-    return runs_dir, result
-
-
-def test_local_tasks_at_0_and_5_shots_land_in_the_mlflow_run(trained_run):
-    runs_dir, trained = trained_run
+@pytest.mark.slow
+def test_local_tasks_at_0_and_5_shots_land_in_the_mlflow_run(tiny_run):
+    trained, client, steps = tiny_run.result, tiny_run.client, tiny_run.steps
     settings = EvalSettings(
         target=trained["run_dir"],
         tasks=["local"],
@@ -269,7 +257,6 @@ def test_local_tasks_at_0_and_5_shots_land_in_the_mlflow_run(trained_run):
         bootstrap_iters=0,
     )
     report = evaluate(settings)
-    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
     run = client.get_run(trained["run_id"])
     metrics = run.data.metrics
     # Perplexity on the same windows as training's last validation: the same number.
@@ -283,35 +270,35 @@ def test_local_tasks_at_0_and_5_shots_land_in_the_mlflow_run(trained_run):
         assert report["lm_eval"][str(shots)]["n-shot"]["mesh_choice"] == shots
         assert report["lm_eval"][str(shots)]["n-samples"]["mesh_generate"]["effective"] == 8
     history = client.get_metric_history(trained["run_id"], "eval/5shot/avg")
-    assert [m.step for m in history] == [20]  # the checkpoint's training step
+    assert [m.step for m in history] == [steps]  # the checkpoint's training step
     (artifact,) = client.list_artifacts(trained["run_id"], "eval")
     local = mlflow.artifacts.download_artifacts(
-        run_id=trained["run_id"], artifact_path=artifact.path, tracking_uri=f"sqlite:///{runs_dir / 'mlflow.db'}"
+        run_id=trained["run_id"], artifact_path=artifact.path, tracking_uri=tiny_run.tracking_uri
     )
     saved = json.loads(Path(local).read_text())
     assert saved["metrics"] == report["metrics"] and set(saved["lm_eval"]) == {"0", "5"}
     assert saved["lm_eval"]["0"]["results"]["mesh_lambada"]["acc,none"] == metrics["eval/0shot/mesh_lambada/acc"]
 
-    # By MLflow run id: the run_dir tag finds the checkpoint; perplexity only, logged again at step 20.
+    # By MLflow run id: the run_dir tag finds the checkpoint; perplexity only, logged again at the same step.
     from experiments.evaluation.cli import main
 
-    uri = f"sqlite:///{runs_dir / 'mlflow.db'}"
+    uri = tiny_run.tracking_uri
     assert main(["--run", trained["run_id"], "--tracking-uri", uri, "--tasks", "none", "--ppl-windows", "16"]) == 0
     history = client.get_metric_history(trained["run_id"], "eval/loss/shakespeare")
-    assert [m.step for m in history] == [20, 20] and history[0].value == pytest.approx(history[1].value, abs=1e-6)
+    assert [m.step for m in history] == [steps, steps] and history[0].value == pytest.approx(history[1].value, abs=1e-6)
 
 
-def test_mesh_lm_from_checkpoint_and_the_registry(trained_run):
+def test_mesh_lm_from_checkpoint_and_the_registry(tiny_run):
     from lm_eval.api.registry import get_model
 
     from experiments.checkpoints import load_model
 
     assert get_model("mesh") is MeshLM
-    checkpoint = Path(trained_run[1]["run_dir"]) / "checkpoints" / "last.ckpt"
+    checkpoint = tiny_run.run_dir / "checkpoints" / "last.ckpt"
     lm = MeshLM.from_checkpoint(checkpoint, device="cuda", batch_size="2")  # lm-eval's CLI defaults
     assert lm.device.type == ("cuda" if torch.cuda.is_available() else "cpu") and lm.batch_size == 2
     model, step = load_model(checkpoint)
-    assert step == 20 and lm.tokenizer.vocab_size == 2048
+    assert step == tiny_run.steps and lm.tokenizer.vocab_size == 2048
     for mine, theirs in zip(lm.model.state_dict().values(), model.state_dict().values(), strict=True):
         assert torch.equal(mine.cpu(), theirs)
 

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 
 MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
-# 40 steps, a checkpoint and a validation every 10: a stop after the first checkpoint leaves work to redo.
+# 40 steps, a checkpoint every 10 and a validation every 20: a stop after a checkpoint leaves work to
+# redo, and a run resumes both from a step that validated (20) and from one that did not (10).
 RUN = (
     "max_steps=40",
-    "val_every=10",
+    "val_every=20",
     "checkpoint_every=10",
     "log_every=5",
     "scheme=mesh",
@@ -85,8 +87,23 @@ def uninterrupted(tmp_path_factory):
     result = run(runs_dir)
     assert result.returncode == 0, result.stderr
     status, _, histories = record(runs_dir)
-    assert status == "FINISHED" and [s for s, _ in histories["val/shakespeare/loss"]] == [10, 20, 30, 40]
+    assert status == "FINISHED" and [s for s, _ in histories["val/shakespeare/loss"]] == [20, 40]
     return histories
+
+
+def signal_after_first_checkpoint(runs_dir: Path, sig: int) -> tuple[int, str, str, dict[str, str]]:
+    """(exit code, last stderr line, MLflow status, tags) of a run sent ``sig`` after step10.ckpt."""
+    process = start(runs_dir)
+    wait_for(runs_dir, "checkpoints/step10.ckpt", process)
+    code, err = stop(process, sig)
+    status, tags, _ = record(runs_dir)
+    return code, err.strip().splitlines()[-1], status, tags
+
+
+def resume_and_compare(runs_dir: Path, uninterrupted) -> None:
+    again = run(runs_dir)
+    assert again.returncode == 0, again.stderr
+    assert_same_as_uninterrupted(runs_dir, uninterrupted)
 
 
 def assert_same_as_uninterrupted(runs_dir: Path, uninterrupted) -> None:
@@ -99,17 +116,17 @@ def assert_same_as_uninterrupted(runs_dir: Path, uninterrupted) -> None:
 
 def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tmp_path, uninterrupted):
     process = start(tmp_path)
-    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+    wait_for(tmp_path, "checkpoints/step20.ckpt", process)
     code, _ = stop(process, signal.SIGKILL, after=0.5)
     assert code == -signal.SIGKILL
     assert record(tmp_path)[0] == "RUNNING"  # nobody could say otherwise; the resume takes it over
     last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
-    last.write_bytes(last.read_bytes()[:1000])  # damaged, and the newest file: step10.ckpt must be used
+    last.write_bytes(last.read_bytes()[:1000])  # damaged, and the newest file: step20.ckpt must be used
     again = run(tmp_path)
     assert again.returncode == 0, again.stderr
     damaged = [line for line in again.stderr.splitlines() if line.startswith("[mesh-train]") and "damaged" in line]
     assert damaged == [f"[mesh-train] {last} is damaged (truncated or not a checkpoint); trying an older one"]
-    assert "Restored all states from the checkpoint at" in again.stderr and "step10.ckpt" in again.stderr
+    assert "Restored all states from the checkpoint at" in again.stderr and "step20.ckpt" in again.stderr
     assert "not resumable" not in again.stderr
     assert_same_as_uninterrupted(tmp_path, uninterrupted)
 
@@ -127,45 +144,28 @@ def test_kill_9_before_the_first_checkpoint_restarts_without_logging_twice(tmp_p
     assert code == -signal.SIGKILL
     # Steps run fast: if the first checkpoint made it to disk, take it away, as if the kill had come sooner.
     shutil.rmtree(run_dir(tmp_path) / "checkpoints", ignore_errors=True)
-    again = run(tmp_path)
-    assert again.returncode == 0, again.stderr
-    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+    resume_and_compare(tmp_path, uninterrupted)
 
 
 def test_ctrl_c_is_killed_interrupted_with_exit_130_and_resumes(tmp_path, uninterrupted):
-    process = start(tmp_path)
-    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
-    code, err = stop(process, signal.SIGINT)
+    code, last_line, status, tags = signal_after_first_checkpoint(tmp_path, signal.SIGINT)
     assert code == 130
-    assert err.strip().splitlines()[-1] == (
-        "[mesh-train] interrupted; run the same command to resume from the last checkpoint"
-    )
-    status, tags, _ = record(tmp_path)
+    assert last_line == "[mesh-train] interrupted; run the same command to resume from the last checkpoint"
     assert status == "KILLED" and tags["interrupted"].startswith("Ctrl-C at step ") and "error" not in tags
-    again = run(tmp_path)
-    assert again.returncode == 0, again.stderr
-    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+    resume_and_compare(tmp_path, uninterrupted)
 
 
 def test_sigterm_saves_a_checkpoint_at_the_next_step_and_resumes(tmp_path, uninterrupted):
-    process = start(tmp_path)
-    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
-    code, err = stop(process, signal.SIGTERM)
+    code, last_line, status, tags = signal_after_first_checkpoint(tmp_path, signal.SIGTERM)
     assert code == 143
-    last_line = err.strip().splitlines()[-1]
     assert last_line.startswith("[mesh-train] stopped on SIGTERM at step ") and last_line.endswith(
         ", checkpoint saved; run the same command to resume"
     )
     step = int(last_line.split("at step ")[1].split(",")[0])
-    import torch
-
     saved = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert saved["global_step"] == step > 10  # the step in progress was finished and saved
-    status, tags, _ = record(tmp_path)
     assert status == "KILLED" and tags["terminated"] == f"SIGTERM at step {step}; run the same command to resume"
-    again = run(tmp_path)
-    assert again.returncode == 0, again.stderr
-    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+    resume_and_compare(tmp_path, uninterrupted)
 
 
 def test_the_same_run_started_twice_is_refused_naming_the_holder(tmp_path):

@@ -2,33 +2,67 @@
 
 from __future__ import annotations
 
+import re
+import statistics
+
 import mlflow
+import pandas as pd
+import pytest
 
 from results.main_job import run_main_job
 
-REDUCED = ["data.seq_len=32", "data.batch_size=4", "data.val_batches=1", "log_every=2"]
+SCHEMES = ["vanilla", "base", "residual", "anchor", "anchor_emb", "mesh"]
 
 
-def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, capsys):
+@pytest.mark.slow
+def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, capsys, grid_cell_overrides):
     out = tmp_path / "report"
-    assert run_main_job(steps=4, seeds=2, runs_dir=str(tmp_path / "runs"), out=str(out), extra=REDUCED) == 0
+    # run_main_job sets max_steps, val_every and checkpoint_every from `steps`; the rest is a grid cell's.
+    extra = [o for o in grid_cell_overrides() if o.split("=")[0] not in ("max_steps", "val_every", "checkpoint_every")]
+    assert run_main_job(steps=4, seeds=2, runs_dir=str(tmp_path / "runs"), out=str(out), extra=extra) == 0
     printed = capsys.readouterr().out
 
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    client = mlflow.MlflowClient(store)
     experiment = client.get_experiment_by_name("schemes")
     runs = client.search_runs([experiment.experiment_id])
     children = [r for r in runs if r.data.tags.get("kind") != "sweep"]
     assert len(children) == 12 and all(r.info.status == "FINISHED" for r in children)
-    assert sorted({r.data.tags["scheme"] for r in children}) == sorted(
-        ["vanilla", "base", "residual", "anchor", "anchor_emb", "mesh"]
-    )
+    assert sorted({r.data.tags["scheme"] for r in children}) == sorted(SCHEMES)
+    logged: dict[str, list[float]] = {}
+    for run in children:
+        logged.setdefault(run.data.tags["scheme"], []).append(run.data.metrics["val/shakespeare/ppl"])
 
-    table = (out / "table.md").read_text()
-    for scheme in ("vanilla", "base", "residual", "anchor", "anchor\\_emb", "mesh"):
-        assert scheme in table or scheme.replace("\\", "") in table
-    assert "(n=2)" in table and "±" in table
+    # table.csv: one row per scheme, the mean and spread of its two seeds as logged.
+    table = pd.read_csv(out / "table.csv")
+    assert sorted(table.scheme) == sorted(SCHEMES) and list(table.n_runs) == [2] * 6
+    for scheme, values in logged.items():
+        row = table[table.scheme == scheme].iloc[0]
+        assert row["val/shakespeare/ppl_mean"] == pytest.approx(statistics.fmean(values))
+        assert row["val/shakespeare/ppl_std"] == pytest.approx(statistics.stdev(values))
+    # table.md: a row per scheme whose perplexity cell is the mean ± std of its two seeds (n=2).
+    markdown = (out / "table.md").read_text()
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        rows[cells["scheme"].replace("\\", "")] = (line, cells["PPL (shakespeare)"])
+    assert sorted(rows) == sorted(SCHEMES)
+    for scheme, (_, cell) in rows.items():
+        numbers = re.fullmatch(r"(?:\*\*|<u>)?([\d.,]+) ± ([\d.,]+) \(n=2\)(?:\*\*|</u>)?", cell)
+        assert numbers, cell
+        mean, std = (float(n.replace(",", "")) for n in numbers.groups())
+        assert mean == pytest.approx(statistics.fmean(logged[scheme]), abs=0.05)
+        assert std == pytest.approx(statistics.stdev(logged[scheme]), abs=0.05)
+    # report.md: the store it read, what was run, the table and the figures it links.
     report = (out / "report.md").read_text()
-    assert "table" in report.lower() and "figures/" in report
-    assert (out / "table.tex").exists() and (out / "table.csv").exists()
-    assert table.strip() in printed  # the table is printed
-    assert "report.md" in printed and "mlflow ui --backend-store-uri sqlite:///" in printed
+    assert f"* **Store**: `{store}`" in report
+    assert "* **Runs**: 12 (12 finished, 0 failed, 0 running, 0 killed)" in report
+    assert all(f"`{s}`" in report for s in SCHEMES)
+    assert "](figures/train_loss.png)" in report and (out / "figures" / "train_loss.png").stat().st_size > 1024
+    assert all(line in report for line, _ in rows.values())  # the table is in the report
+    assert r"\begin{tabular}" in (out / "table.tex").read_text()
+    # What the console shows: the table, where the report is, how to open the store.
+    assert markdown.strip() in printed
+    assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlflow
 import optuna
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
@@ -55,8 +56,12 @@ EXPECTED_SEARCHES = {
         "anchor_emb": "FloatDistribution(high=1.5, log=False, low=0.0, step=None)",
     },
 }
-FAST = ["max_steps=6", "val_every=3", "log_every=2", "checkpoint_every=3", "data.seq_len=32", "data.batch_size=4"]
-FAST += ["data.val_batches=1", "probes.enabled=false"]
+
+
+@pytest.fixture
+def fast(grid_cell_overrides) -> list[str]:
+    """A grid cell (conftest's GRID_CELL), without probes: these tests count runs, not probes."""
+    return grid_cell_overrides("probes.enabled=false")
 
 
 def test_every_sweep_file_has_a_test():
@@ -161,9 +166,9 @@ def test_slurm_launcher_composes_with_its_resources(tmp_path, monkeypatch):
     assert "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --time=90" in script
 
 
-def test_slurm_launcher_without_slurm_says_so_in_one_line(capsys, tmp_path, monkeypatch):
+def test_slurm_launcher_without_slurm_says_so_in_one_line(capsys, tmp_path, monkeypatch, fast):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    args = ["schemes", "scheme=base", *FAST, f"runs_dir={tmp_path}", "launcher=slurm"]
+    args = ["schemes", "scheme=base", *fast, f"runs_dir={tmp_path}", "launcher=slurm"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: launcher=slurm needs SLURM (no srun on PATH)") and "\n" not in err
@@ -201,10 +206,11 @@ def check_grid(runs_dir, expected_children=4):
 GRID_2X2 = ["scheme=base,mesh", "seeds=2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["local", "submitit_local", "parallel"])
-def test_2x2_grid_runs_end_to_end_and_a_rerun_starts_nothing(launcher, tmp_path):
+def test_2x2_grid_runs_end_to_end_and_a_rerun_starts_nothing(launcher, tmp_path, fast):
     out = io.StringIO()
-    args = [*GRID_2X2, *FAST, f"runs_dir={tmp_path}", f"launcher={launcher}"]
+    args = [*GRID_2X2, *fast, f"runs_dir={tmp_path}", f"launcher={launcher}"]
     assert run_sweep("schemes", args, out=out) == 0, out.getvalue()
     parent = check_grid(tmp_path)
     assert parent.data.metrics["cells_finished"] == 4
@@ -218,13 +224,14 @@ def test_2x2_grid_runs_end_to_end_and_a_rerun_starts_nothing(launcher, tmp_path)
     assert parents[0].data.metrics["cells_skipped"] == 4
 
 
-def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path):
-    args = [*GRID_2X2, *FAST, f"runs_dir={tmp_path}"]
-    # Plant a truncated checkpoint in one cell's run dir: its resume fails at run time.
-    (cell,) = [c for c in expand_cells("schemes", [*args[:1], *FAST, f"runs_dir={tmp_path}"], [1]) if "mesh" in c.label]
+@pytest.mark.slow
+def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path, fast):
+    args = [*GRID_2X2, *fast, f"runs_dir={tmp_path}"]
+    # Plant an intact checkpoint of no model in one cell's run dir: its resume fails at run time.
+    (cell,) = [c for c in expand_cells("schemes", [*args[:1], *fast, f"runs_dir={tmp_path}"], [1]) if "mesh" in c.label]
     broken = plan_run(compose_config(cell.overrides)).run_dir / "checkpoints" / "last.ckpt"
     broken.parent.mkdir(parents=True)
-    broken.write_bytes(b"not a checkpoint")
+    torch.save({"state_dict": {}, "global_step": 3}, broken)
     out = io.StringIO()
     assert run_sweep("schemes", args, out=out) == 1
     text = out.getvalue()
@@ -249,8 +256,6 @@ def test_sweep_console_script_dry_run(tmp_path):
 
 # --- Optuna -------------------------------------------------------------------------------------
 
-SEARCH = [*FAST, "search.pruner=none"]
-
 
 def study_of(runs_dir, name="search_lr"):
     storage = f"sqlite:///{runs_dir / 'optuna.db'}"
@@ -259,16 +264,18 @@ def study_of(runs_dir, name="search_lr"):
     return optuna.load_study(study_name=summary.study_name, storage=storage)
 
 
-def test_optuna_search_resumes_when_extended_and_runs_trials_in_parallel(tmp_path):
+@pytest.mark.slow
+def test_optuna_search_resumes_when_extended_and_runs_trials_in_parallel(tmp_path, fast):
+    search = [*fast, "search.pruner=none"]
     out = io.StringIO()
-    assert run_sweep("search_lr", [*SEARCH, f"runs_dir={tmp_path}", "search.n_trials=4"], out=out) == 0, out.getvalue()
+    assert run_sweep("search_lr", [*search, f"runs_dir={tmp_path}", "search.n_trials=4"], out=out) == 0, out.getvalue()
     study = study_of(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
     first = [(t.number, t.params) for t in study.trials]
     assert all(3e-4 <= p["optim.lr"] <= 3e-2 for _, p in first)
 
     more = io.StringIO()
-    args = [*SEARCH, f"runs_dir={tmp_path}", "search.n_trials=6", "launcher=parallel", "launcher.workers=2"]
+    args = [*search, f"runs_dir={tmp_path}", "search.n_trials=6", "launcher=parallel", "launcher.workers=2"]
     assert run_sweep("search_lr", args, out=more) == 0, more.getvalue()
     study = study_of(tmp_path)
     assert len(study.trials) == 6 and [t.state.name for t in study.trials] == ["COMPLETE"] * 6
@@ -287,7 +294,7 @@ def test_optuna_search_resumes_when_extended_and_runs_trials_in_parallel(tmp_pat
         assert run.data.metrics["val_loss"] == pytest.approx(trial.value)
 
 
-def test_a_trial_worse_than_the_median_is_pruned_from_inside_training(tmp_path):
+def test_a_trial_worse_than_the_median_is_pruned_from_inside_training(tmp_path, fast):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(
         study_name="prune", storage=storage, pruner=optuna.pruners.MedianPruner(n_startup_trials=0)
@@ -301,7 +308,7 @@ def test_a_trial_worse_than_the_median_is_pruned_from_inside_training(tmp_path):
     trial = study.ask({"optim.lr": lr})
     cfg = compose_config(
         [
-            *FAST,
+            *fast,
             f"runs_dir={tmp_path}",
             "search.study_name=prune",
             f"search.storage={storage}",
@@ -311,7 +318,10 @@ def test_a_trial_worse_than_the_median_is_pruned_from_inside_training(tmp_path):
     )
     with pytest.raises(optuna.TrialPruned):
         train(cfg)
-    assert study.trials[1].intermediate_values == {3: pytest.approx(study.trials[1].intermediate_values[3])}
     client = client_for(tmp_path)
     (run,) = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
     assert run.info.status == "KILLED" and "pruned at step 3" in run.data.tags["pruned"]
+    # The trial heard the validation loss of its first validation, the one MLflow logged, and no more.
+    (logged,) = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
+    assert logged.step == 3 and logged.value > 0.5  # worse than the finished trial: pruned
+    assert study.trials[1].intermediate_values == {3: pytest.approx(logged.value, rel=1e-6)}

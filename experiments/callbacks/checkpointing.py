@@ -55,17 +55,20 @@ class StepCheckpoint(pl.Callback):
                 self._at_batch_start = False
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        """Make a checkpoint saved from ``on_train_batch_start`` read as Lightning's own do (saved
-        within step N, before its loop counters move on): the next batch is not yet counted as
-        fetched ("ready"), and ``_batches_that_stepped`` (the logging step) is one behind, as
-        Lightning adds one when it restores. The exact-resume test holds this to the
-        uninterrupted run, step by step."""
+        """Make a checkpoint saved from ``on_train_batch_start`` read as one Lightning saves after
+        step N's last hook: the next batch is not yet counted as fetched ("ready"). When step N
+        was a validation step, Lightning restores it as "saved on validation end" and replays the
+        end of step N (skipping the validation), which counts the logging step
+        (``_batches_that_stepped``) once more: it is saved one behind for that. The exact-resume
+        tests hold both cases to the uninterrupted run, step by step."""
         if not self._at_batch_start:
             return
         loop = checkpoint["loops"]["fit_loop"]
         for counter in ("total", "current"):
             loop["epoch_loop.batch_progress"][counter]["ready"] -= 1
-        loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+        val_every = trainer.val_check_batch
+        if isinstance(val_every, int) and trainer.global_step % val_every == 0:
+            loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step

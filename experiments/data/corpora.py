@@ -7,6 +7,7 @@ every machine holds out the same documents and train and validation never share 
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import platform
@@ -22,6 +23,9 @@ from mesh_model.errors import ConfigError
 
 # Suffixes read from a `text` folder.
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".tex", ".py", ".json", ".jsonl", ".csv", ".html", ".xml")
+# What check_text_files reads of each file, and the share of it that may fail to decode as UTF-8.
+SNIFF_BYTES = 1024
+MAX_INVALID_UTF8 = 0.01
 # Stdlib folders skipped by the cpython corpus: third-party code, the test suites, IDLE's data.
 CPYTHON_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"})
 
@@ -128,6 +132,42 @@ def text(path: str) -> Corpus:
 
     Hidden files and folders are skipped, and so are empty files.
     """
+    root, base, files, stats = _text_files(path)
+    identity = f"text-{digest(str(root.resolve()), stats, length=12)}"
+    return _file_corpus("text", identity, base, files)
+
+
+def check_text_files(path: str) -> None:
+    """Refuse, in one line, a ``data.path`` whose files are not text, before anything is tokenized.
+
+    Reads the first KB of each file: NUL bytes, or more than ``MAX_INVALID_UTF8`` of the
+    characters replaced when decoded as UTF-8, mean a binary (or non-UTF-8) file, which would
+    otherwise train on replacement characters.
+    """
+    root, base, files, _ = _text_files(path)
+    for file in files:
+        with open(file, "rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+        where = "the file" if root.is_file() else repr(file.relative_to(base).as_posix())
+        if b"\0" in head:
+            raise ConfigError(
+                "data.path",
+                path,
+                f"{where} has NUL bytes in its first KB (binary, or UTF-16), not UTF-8 text; give UTF-8 text files",
+            )
+        decoded = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+        invalid = decoded.count("\ufffd") - head.decode("utf-8", errors="ignore").count("\ufffd")
+        if decoded and invalid > MAX_INVALID_UTF8 * len(decoded):
+            raise ConfigError(
+                "data.path",
+                path,
+                f"{where} is not UTF-8 text ({invalid} of the first {len(decoded)} characters are invalid); "
+                "convert it (iconv -t utf-8) or give UTF-8 text",
+            )
+
+
+def _text_files(path: str) -> tuple[Path, Path, list[Path], list[tuple[str, int, int]]]:
+    """(root, base, non-empty files, their (name, size, mtime)) of a ``text`` corpus's ``path``."""
     root = Path(path).expanduser()
     if root.is_file():
         files, base = [root], root.parent
@@ -149,11 +189,10 @@ def text(path: str) -> Corpus:
                 pass
     except OSError as e:
         raise ConfigError("data.path", path, f"cannot read {e.filename}: {e.strerror}") from None
-    files = [p for p, (_, size, _) in zip(files, stats, strict=True) if size > 0]
-    if not files:
+    kept = [(p, stat) for p, stat in zip(files, stats, strict=True) if stat[1] > 0]
+    if not kept:
         raise ConfigError("data.path", path, "the file is empty" if root.is_file() else "every text file is empty")
-    identity = f"text-{digest(str(root.resolve()), stats, length=12)}"
-    return _file_corpus("text", identity, base, files)
+    return root, base, [p for p, _ in kept], stats
 
 
 def hf(dataset: str, config: str | None = None, split: str = "train", text_field: str = "text") -> Corpus:

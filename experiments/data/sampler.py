@@ -6,6 +6,10 @@ on the run's seed and the epoch, never on how many processes came before. The po
 number of optimizer steps taken (one batch each): a checkpoint at step ``s`` resumes at epoch
 ``s // batches_per_epoch``, batch ``s % batches_per_epoch``, and the resumed run sees exactly the
 batches the uninterrupted one would have seen.
+
+Under data parallelism every rank draws the same permutation and takes every ``world``-th window
+of it, from its rank on (the Trainer runs with ``use_distributed_sampler=False``: Lightning's
+``DistributedSampler`` would replace this one and its position).
 """
 
 from __future__ import annotations
@@ -44,12 +48,20 @@ class EpochPermutation(Sampler[int]):
         return torch.randperm(self.n, generator=generator)
 
     def __iter__(self) -> Iterator[int]:
+        rank, world = _rank_and_world()
+        mine = self.order(self.epoch)[rank::world][: self.n // world]
         start = self._skip_batches * self.batch_size
         self._skip_batches = 0  # the next epoch starts at its beginning
-        yield from self.order(self.epoch)[start:].tolist()
+        yield from mine[start:].tolist()
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // _rank_and_world()[1]
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 class ResumableLoader(DataLoader):

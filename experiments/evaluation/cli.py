@@ -13,7 +13,7 @@ import sys
 from typing import Any, NoReturn
 
 from experiments.checkpoints import RunInputError
-from experiments.evaluation.evaluate import EvalSettings, evaluate
+from experiments.evaluation.evaluate import MAX_SHOTS, EvalSettings, evaluate
 from experiments.evaluation.suites import SUITES, TaskError
 from experiments.tracking import TrackingError
 
@@ -29,13 +29,11 @@ def _csv(value: str) -> list[str]:
 
 
 def _shots(value: str) -> list[int]:
+    """Integers only; their range is checked by ``evaluate.check_settings``."""
     try:
-        shots = [int(item) for item in _csv(value)]
+        return [int(item) for item in _csv(value)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of integers") from None
-    if not shots or min(shots) < 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: give non-negative shot counts, e.g. 0,5")
-    return shots
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,8 +51,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated lm-eval tasks, tags or suites, 'none' for perplexity only (default paper9). {suites}. "
         "paper9 downloads its datasets from the Hugging Face Hub on first use; local needs no network",
     )
-    p.add_argument("--shots", type=_shots, default=[0, 5], help="few-shot counts, comma-separated (default 0,5)")
-    p.add_argument("--limit", type=float, help="examples per task (below 1: a fraction); for quick checks")
+    p.add_argument(
+        "--shots", type=_shots, default=[0, 5], help=f"few-shot counts 0-{MAX_SHOTS}, comma-separated (default 0,5)"
+    )
+    p.add_argument(
+        "--limit", type=float, help="examples per task, an integer >= 1 (or a fraction in (0, 1)); for quick checks"
+    )
     p.add_argument("--include-path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
     p.add_argument("--batch-size", default="16", help="requests per forward pass (default 16)")
     p.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")

@@ -33,9 +33,13 @@ from experiments.checkpoints import (
     locate,
 )
 from experiments.evaluation.suites import expand_suites, headline_metric, task_manager, task_specs
-from experiments.tracking import check_tracking_uri, log_metrics, resolve_tracking_uri
+from experiments.store_check import check_tracking_uri
+from experiments.tracking import log_metrics, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
+# The most few-shot examples a prompt may hold: the largest count in common use (25-shot ARC of
+# the Open LLM Leaderboard); the paper uses 0 and 5.
+MAX_SHOTS = 25
 
 
 @dataclass
@@ -98,15 +102,60 @@ def _get_run(uri: str, run_id: str) -> Any:
         raise RunInputError(f"MLflow run {run_id} not found at {uri} (pass --tracking-uri)") from None
 
 
+def check_settings(settings: EvalSettings) -> None:
+    """Refuse, in one line, settings no evaluation can run with; before anything loads.
+
+    Shot counts are integers from 0 to ``MAX_SHOTS``; ``limit`` is a count of examples (an
+    integer >= 1) or a fraction in (0, 1). A task whose few-shot examples are a local file
+    (ours, or a task of ``--include-path``) is checked against that file once the tasks are
+    known (:func:`check_fewshot_pools`), still before the model loads.
+    """
+    shots = list(settings.shots)
+    if not shots or any(not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SHOTS for k in shots):
+        raise RunInputError(
+            f"--shots={','.join(map(str, shots))} is invalid: few-shot counts are integers from 0 to {MAX_SHOTS}, e.g. 0,5"
+        )
+    limit = settings.limit
+    if limit is not None and not (0 < limit < 1 or (limit >= 1 and float(limit).is_integer())):
+        raise RunInputError(
+            f"--limit={limit:g} is invalid: a number of examples per task (an integer >= 1) or a fraction in (0, 1)"
+        )
+    if settings.ppl_windows is not None and settings.ppl_windows < 1:
+        raise RunInputError(f"--ppl-windows={settings.ppl_windows} is invalid: must be >= 1 (or left out for all)")
+    if settings.bootstrap_iters < 0:
+        raise RunInputError(f"--bootstrap-iters={settings.bootstrap_iters} is invalid: must be >= 0")
+
+
+def check_fewshot_pools(specs: list[str | dict[str, Any]], shots: list[int]) -> None:
+    """A task whose few-shot split is a local JSON-lines file must hold at least ``max(shots)``
+    examples (lm-eval would fail only after the model is loaded and perplexity is done)."""
+    wanted = max(shots, default=0)
+    for spec in specs:
+        if not wanted or not isinstance(spec, dict):
+            continue  # tasks given by name: only the MAX_SHOTS rule
+        files = (spec.get("dataset_kwargs") or {}).get("data_files")
+        split = spec.get("fewshot_split") or spec.get("training_split")
+        path = files.get(split) if isinstance(files, dict) and split else None
+        if not isinstance(path, str) or not path.endswith(".jsonl") or not Path(path).is_file():
+            continue
+        with open(path, encoding="utf-8") as file:
+            pool = sum(1 for line in file if line.strip())
+        if pool < wanted:
+            raise RunInputError(
+                f"--shots={wanted} is invalid for task {spec.get('task')}: its few-shot split has {pool} examples; "
+                f"use at most {pool}"
+            )
+
+
 def evaluate(settings: EvalSettings) -> dict[str, Any]:
     """Evaluate one checkpoint; return the report (also logged to its MLflow run when it has one)."""
-    if any(k < 0 for k in settings.shots) or not settings.shots:
-        raise RunInputError(f"shots={settings.shots} is invalid: non-negative integers, e.g. 0,5")
+    check_settings(settings)
     target = resolve_target(settings)
     names = expand_suites(settings.tasks)
     include = [Path(p).expanduser().resolve() for p in settings.include_paths]
     manager = task_manager(names, include) if names else None  # unknown tasks fail here, before compute
     specs = task_specs(manager, names) if names else []
+    check_fewshot_pools(specs, settings.shots)
 
     from experiments.evaluation.lm_eval_model import MeshLM, parse_batch_size, resolve_device
     from experiments.evaluation.perplexity import validation_perplexity

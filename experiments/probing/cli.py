@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.checkpoints import RunInputError, load_model, locate
+from experiments.tracking import TrackingError
 
 CLI_DIR = "cli"
 
@@ -46,6 +47,28 @@ def log_to_mlflow(tracking_uri: str, run_id: str, metrics: dict[str, float], ste
     client.log_artifacts(run_id, str(folder), f"probes/{CLI_DIR}")
 
 
+def _checked_run(config: dict[str, Any], run_dir: Path, run_id: str) -> str:
+    """The run's store, checked to answer and to hold ``run_id``, before any probing."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from experiments.store_check import check_tracking_uri
+    from experiments.tracking import resolve_tracking_uri, sqlite_path
+
+    # The run dir is <runs_dir>/<experiment>/<run key>, so this works from any working directory.
+    tracking = config.get("tracking") or {}
+    uri = resolve_tracking_uri(tracking.get("tracking_uri"), run_dir.parent.parent, os.environ)
+    check_tracking_uri(uri)
+    store = sqlite_path(uri)
+    if store is not None and not store.is_file():  # a client would create an empty store there
+        raise RunInputError(f"--mlflow-run={run_id} is invalid: there is no MLflow store at {store}")
+    try:
+        mlflow.MlflowClient(uri).get_run(run_id)
+    except MlflowException:
+        raise RunInputError(f"--mlflow-run={run_id} is invalid: no such MLflow run in {uri}") from None
+    return uri
+
+
 def run(args: argparse.Namespace) -> None:
     files = locate(args.path)
     if files.config is None or files.run_dir is None:
@@ -60,12 +83,12 @@ def run(args: argparse.Namespace) -> None:
         run_id = files.run_id
     elif args.mlflow_run:
         run_id = args.mlflow_run
+    uri = _checked_run(config, run_dir, run_id) if run_id is not None else None
     # Heavy imports (Lightning, via the datamodule) only once the inputs are known to be good.
     from experiments.data.config import as_data_config
     from experiments.data.prepare import prepare
     from experiments.probing.callback import describe_batches, held_out_batches
     from experiments.probing.files import PROBE_DIR, write_probe_files
-    from experiments.tracking import resolve_tracking_uri
     from mesh_model.probes import probe_report
 
     probes = config.get("probes") or {}  # runs from before the probes config: the defaults
@@ -84,10 +107,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{run_dir.name}  step {step}  {report.samples} samples ({len(batches)} batches x {data.seq_len} tokens)")
     print(format_table(report))
     print(f"wrote {len(paths)} files to {out}")
-    if run_id is not None:
-        # The run dir is <runs_dir>/<experiment>/<run key>, so this works from any working directory.
-        tracking = config.get("tracking") or {}
-        uri = resolve_tracking_uri(tracking.get("tracking_uri"), run_dir.parent.parent, os.environ)
+    if run_id is not None and uri is not None:
         log_to_mlflow(uri, run_id, report.as_metrics(), step, out)
         print(f"logged to MLflow run {run_id} ({uri}) at step {step}, artifacts under probes/{CLI_DIR}/")
 
@@ -101,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         run(args)
-    except RunInputError as error:
+    except (RunInputError, TrackingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,358 @@
+"""Bad input stops before compute: one line on stderr, exit code 2, no MLflow run, no data prepared.
+
+Every case runs the real console script (``mesh-train``, ``mesh-eval``, ``mesh-probe``) in a
+subprocess with its own ``runs_dir`` and an empty ``MESH_CACHE_DIR``. Afterwards: the one line
+names the field, the exit code is 2, the store holds no run (or does not exist), no run folder
+exists under ``runs_dir/<experiment>``, the token cache was never touched (no data preparation),
+and the answer came within seconds. Cases that start servers are marked slow.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from experiments.compose import compose_config
+from experiments.data.corpora import check_text_files
+from experiments.plan import InputError, check_memory, plan_run
+from experiments.store_check import check_runs_dir, check_tracking_uri
+from experiments.tracking import TrackingError
+from mesh_model import ConfigError, ModelConfig, build_model, count_parameters
+from mesh_model.accounting import estimate_step_memory, parameter_count
+
+BIN = Path(sys.executable).parent
+FAST = ("model=tiny", "max_steps=2", "data.seq_len=32", "data.batch_size=2", "data.val_batches=1")
+# A bad input must be answered in seconds (imports included), long before a step could run.
+QUICK_S = 30
+
+
+def cli(tool: str, *args: str, tmp: Path, prefix: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["MESH_CACHE_DIR"] = str(tmp / "cache")
+    started = time.monotonic()
+    done = subprocess.run(
+        [*prefix, str(BIN / tool), *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=120
+    )
+    return done, time.monotonic() - started
+
+
+def runs_in(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as connection:
+        tables = {row[0] for row in connection.execute("select name from sqlite_master where type='table'")}
+        return connection.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
+
+
+def assert_refused(done: subprocess.CompletedProcess, elapsed: float, field: str, tmp: Path, runs_dir: Path) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert done.returncode == 2, done.stderr
+    line = lines[0]
+    assert line.startswith("error: ") and field in line, line
+    assert elapsed < QUICK_S, f"took {elapsed:.0f} s"
+    assert runs_in(runs_dir / "mlflow.db") == 0
+    assert not (runs_dir / "mesh").exists()  # no run folder (and no MLflow experiment folder)
+    assert not (tmp / "cache").exists()  # nothing was fetched, tokenized or cached
+    return line
+
+
+def binary_file(tmp: Path) -> Path:
+    path = tmp / "weights.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["optim.lr=-1"], "optim.lr=-1.0 is invalid"),
+        (["optim.lr=nan"], "optim.lr=nan is invalid"),
+        (["seed=-1"], "seed=-1 is invalid"),
+        (["scheme=1e400*anchor"], "scheme='1e400*anchor' is invalid: the coefficient of anchor (1e400)"),
+        (["scheme=anchor]"], "override 'scheme=anchor]' is malformed"),
+        (["layout=1+2R２+1"], "override 'layout=1+2R２+1' is malformed"),
+        (["layout='1+2R２+1'"], "layout='1+2R２+1' is invalid: only ASCII digits"),
+        (["data.seq_len=abc"], "data.seq_len='abc' is invalid: must be an integer"),
+        (["scheme=anchor", "buffer_slots=5"], "buffer_slots=5 is invalid: only scheme=mesh has a buffer"),
+        (["scheme=vanilla", "buffer_slots=5"], "buffer_slots=5 is invalid"),
+        (["tracking.tracking_uri=postgresql://nowhere/db"], "tracking_uri='postgresql://nowhere/db'"),
+        (["tracking.tracking_uri=sqlite:///{tmp}/notadb.db"], "is not a SQLite database"),
+        (["runs_dir={tmp}/afile"], "runs_dir="),
+        (["data=text", "data.path={tmp}/weights.bin"], "data.path="),
+        (["layout=1+2R1000+1", "scheme=mesh"], "layout=1+2R1000+1: the training step needs about"),
+    ],
+)
+def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field):
+    binary_file(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "notadb.db").write_text("plain text, not a database")
+    runs_dir = tmp_path / "runs"
+    args = [o.format(tmp=tmp_path) for o in overrides]
+    if not any(a.startswith("runs_dir=") for a in args):
+        args.append(f"runs_dir={runs_dir}")
+    done, elapsed = cli("mesh-train", *FAST, *args, tmp=tmp_path)
+    line = assert_refused(done, elapsed, field, tmp_path, runs_dir)
+    if "postgresql" in field:
+        assert "driver" in line or "does not answer" in line
+    if "1+2R1000+1" in field:
+        assert "MeSH coefficients" in line and "allow_large=true" in line
+
+
+def test_the_data_file_named_in_the_line_is_the_binary_one(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (folder / "b.txt").write_bytes("Ceci est écrit en Latin-1, à éviter. ".encode("latin-1") * 40)
+    with pytest.raises(ConfigError, match=r"'b.txt' is not UTF-8 text \(\d+ of the first \d+ characters"):
+        check_text_files(str(folder))
+    (folder / "b.txt").write_bytes(binary_file(tmp_path).read_bytes())
+    with pytest.raises(ConfigError, match=r"'b.txt' has NUL bytes in its first KB"):
+        check_text_files(str(folder))
+    # UTF-8 text with a stray byte or two (below 1% of the first KB) is text
+    (folder / "b.txt").write_bytes((b"plain text, " * 30 + b"\xff\n") * 10)
+    check_text_files(str(folder))
+
+
+def read_only_prefix(folder: Path) -> tuple[str, ...]:
+    """A command prefix under which ``folder`` is read-only: a read-only bind mount in a private
+    mount namespace as root (root writes through permission bits), else the permission bits."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return ()
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder}"],
+        capture_output=True,
+    )
+    if probe.returncode != 0:
+        pytest.skip("running as root without the right to mount a read-only folder")
+    mount = f'mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && exec "$@"'
+    return ("unshare", "-m", "sh", "-c", mount, "sh")
+
+
+@pytest.mark.parametrize("where", ["the folder", "its parent"])
+def test_a_read_only_runs_dir_is_refused_before_hydra_writes_there(tmp_path, where):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    runs_dir = locked if where == "the folder" else locked / "runs"
+    prefix = read_only_prefix(locked)
+    try:
+        done, elapsed = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path, prefix=prefix)
+    finally:
+        locked.chmod(0o755)
+    line = assert_refused(done, elapsed, f"runs_dir='{runs_dir}' is invalid", tmp_path, runs_dir)
+    assert "not writable" in line
+    assert list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--limit", "-1"], "--limit=-1 is invalid"),
+        (["--limit", "2.5"], "--limit=2.5 is invalid"),
+        (["--shots", "99"], "--shots=99 is invalid: few-shot counts are integers from 0 to 25"),
+        (["--shots", "0,-5"], "--shots=0,-5 is invalid"),
+    ],
+)
+def test_mesh_eval_refuses_bad_settings_before_loading_anything(tmp_path, args, field):
+    done, elapsed = cli("mesh-eval", str(tmp_path / "no-run-needed"), "--tasks", "local", *args, tmp=tmp_path)
+    assert_refused(done, elapsed, field, tmp_path, tmp_path / "runs")
+
+
+def test_mesh_eval_refuses_more_shots_than_a_local_task_has(tiny_run, tmp_path):
+    done, elapsed = cli("mesh-eval", str(tiny_run.run_dir), "--tasks", "local", "--shots", "11", tmp=tmp_path)
+    line = assert_refused(done, elapsed, "--shots=11 is invalid for task mesh_", tmp_path, tmp_path / "runs")
+    assert "has 10 examples" in line
+    assert not (tiny_run.run_dir / "eval").exists()
+
+
+def test_mesh_probe_refuses_an_unknown_mlflow_run_before_probing(tiny_run, tmp_path):
+    before = tiny_run.client.get_run(tiny_run.run_id).data.metrics
+    done, elapsed = cli("mesh-probe", str(tiny_run.run_dir), "--mlflow-run", "nosuchrun", tmp=tmp_path)
+    line = assert_refused(done, elapsed, "--mlflow-run=nosuchrun is invalid: no such MLflow run", tmp_path, tmp_path)
+    assert tiny_run.tracking_uri.removeprefix("sqlite:///") in line
+    assert not (tiny_run.run_dir / "probes" / "cli").exists()  # nothing was probed
+    assert tiny_run.client.get_run(tiny_run.run_id).data.metrics == before
+    assert runs_in(tiny_run.runs_dir / "mlflow.db") == 1
+
+
+# --- the memory check, in plan_run ------------------------------------------------------------
+
+
+def test_allow_large_passes_the_memory_check_and_does_not_change_the_hash(tmp_path):
+    big = ["model=tiny", "layout=1+2R1000+1", "scheme=mesh", f"runs_dir={tmp_path}"]
+    with pytest.raises(InputError, match=r"^layout=1\+2R1000\+1: the training step needs about [\d.]+ GB \(params"):
+        plan_run(compose_config(big))
+    plan = plan_run(compose_config([*big, "allow_large=true"]))
+    assert plan.model_config.loops == 1000
+    assert (
+        plan.config_hash
+        == plan_run(compose_config([*big[:-1], f"runs_dir={tmp_path}", "allow_large=true"])).config_hash
+    )
+    small = plan_run(compose_config(["model=tiny", f"runs_dir={tmp_path}"]))
+    assert (
+        small.config_hash
+        == plan_run(compose_config(["model=tiny", f"runs_dir={tmp_path}", "allow_large=true"])).config_hash
+    )
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mesh").exists()  # planning creates nothing
+
+
+def test_the_memory_line_gives_the_estimate_its_parts_and_the_ways_out(tmp_path):
+    cfg = compose_config(["model=tiny", "layout=1+2R1000+1", "scheme=mesh", "data.batch_size=1", "data.seq_len=16"])
+    train = OmegaConf.to_object(cfg)
+    model_config = ModelConfig.from_preset("tiny", layout="1+2R1000+1", scheme="mesh")
+    with pytest.raises(InputError) as info:
+        check_memory(train, model_config, available=18 * 10**9)
+    message = str(info.value)
+    assert message.startswith("layout=1+2R1000+1: the training step needs about ")
+    assert "(params+optimizer 2.1, activations " in message and " incl. MeSH coefficients " in message
+    assert message.endswith(
+        "but 18.0 GB are available; lower K, batch or seq_len, use activation_checkpointing=true, or pass allow_large=true"
+    )
+    assert "\n" not in message
+    estimate = check_memory(train, model_config, available=10**15)
+    assert estimate.total > 30e9 and estimate.mesh_coefficients > 30e9  # ~K^3/2 values per token, B = K+3
+    sharded = estimate_step_memory(model_config, 1, 16, param_shards=8)  # FSDP over 8 devices
+    assert sharded.params_and_optimizer == pytest.approx(estimate.params_and_optimizer / 8, rel=1e-6)
+    assert sharded.activations == estimate.activations
+
+
+@pytest.mark.parametrize(
+    ("layout", "scheme", "batch", "seq"),
+    [
+        ("1+2R2+1", "base", 4, 64),
+        ("1+2R20+1", "mesh", 4, 64),
+        ("1+2R60+1", "mesh", 1, 16),
+        ("2+2+2+1", "dynamic", 2, 32),
+    ],
+)
+def test_the_estimate_covers_what_autograd_keeps(layout, scheme, batch, seq):
+    """Exact counts: the closed-form parameters equal the built model's, and the activation
+    estimate is at least every tensor autograd saves for backward (measured by hooks)."""
+    config = ModelConfig.from_preset("tiny", layout=layout, scheme=scheme)
+    model = build_model(config)
+    assert parameter_count(config) == count_parameters(model)["total"]
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(ids, labels=ids, return_logits=False)
+    estimate = estimate_step_memory(config, batch, seq)
+    assert estimate.activations >= sum(saved.values())
+    assert estimate.activations <= 2 * sum(saved.values()) + 8e6  # and not wildly above
+
+
+# --- the store checks -------------------------------------------------------------------------
+
+
+def test_store_checks_answer_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty.db").write_bytes(b"")
+    check_tracking_uri(f"sqlite:///{tmp_path}/new/mlflow.db")  # creatable
+    check_tracking_uri(f"sqlite:///{tmp_path}/empty.db")  # sqlite takes an empty file as a new database
+    assert not (tmp_path / "new").exists()  # the check creates nothing
+    cases = {
+        f"sqlite:///{tmp_path}/afile/mlflow.db": "is a file, not a folder",
+        f"sqlite:///{tmp_path}": "names a folder",
+        "file:///tmp/mlruns": "file store",
+        "postgresql://user:secret@nowhere/db": "postgresql://user:***@nowhere/db",
+        "mysql+pymysql://nowhere/db": "mysql+pymysql://nowhere/db",
+        "http://127.0.0.1:9": "does not answer",
+    }
+    for uri, fragment in cases.items():
+        with pytest.raises(TrackingError) as info:
+            check_tracking_uri(uri, timeout=2)
+        assert fragment in str(info.value) and "\n" not in str(info.value)
+        assert "secret" not in str(info.value)
+    with pytest.raises(ConfigError, match="runs_dir=.* is invalid: it is a file"):
+        check_runs_dir(tmp_path / "afile")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HealthOnly(http.server.BaseHTTPRequestHandler):
+    """A web server that answers /health like MLflow does, and nothing else."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        status, body = (200, b"OK") if self.path == "/health" else (404, b"<html>not found</html>")
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_a_server_that_answers_health_but_is_not_mlflow_is_refused(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HealthOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert urllib.request.urlopen(f"{uri}/health", timeout=5).status == 200
+        runs_dir = tmp_path / "runs"
+        done, elapsed = cli("mesh-train", *FAST, f"tracking.tracking_uri={uri}", f"runs_dir={runs_dir}", tmp=tmp_path)
+        line = assert_refused(
+            done, elapsed, f"tracking_uri='{uri}' answers but is not an MLflow tracking server", tmp_path, runs_dir
+        )
+        assert "HTTP 404" in line
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.slow
+def test_a_real_mlflow_server_passes_the_check(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db"]
+        + ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        check_tracking_uri(uri)
+        check_tracking_uri(f"{uri}/")
+        plan = plan_run(compose_config(["model=tiny", f"tracking.tracking_uri={uri}", f"runs_dir={tmp_path}"]))
+        assert plan.tracking_uri == uri
+        with pytest.raises(TrackingError, match="answers but is not an MLflow tracking server"):
+            check_tracking_uri(f"{uri}/not-here")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    shutil.rmtree(tmp_path / "mlartifacts", ignore_errors=True)
