@@ -89,15 +89,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     except BaseException as error:
         stop = _stopped(error, trainer)
         if record is not None:
-            step = trainer.global_step if trainer is not None else 0
-            if isinstance(stop, KeyboardInterrupt):
-                record.mark_killed("interrupted", f"Ctrl-C at step {step}; run the same command to resume")
-            elif isinstance(stop, Terminated):
-                record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
-            elif type(error).__name__ == "TrialPruned":
-                record.mark_killed("pruned", f"{type(error).__name__}: {error}")
-            else:
-                record.mark_failed(error)
+            _record_stop(record, error, stop, trainer.global_step if trainer is not None else 0)
         if stop is not None:
             raise stop from None
         raise
@@ -115,6 +107,18 @@ class Terminated(SystemExit):
     def __init__(self, step: int) -> None:
         super().__init__(128 + signal.SIGTERM)
         self.step = step
+
+
+def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | None, step: int) -> None:
+    """KILLED with the reason for a deliberate stop (Ctrl-C, SIGTERM, a pruned trial), else FAILED."""
+    if isinstance(stop, KeyboardInterrupt):
+        record.mark_killed("interrupted", f"Ctrl-C at step {step}; run the same command to resume")
+    elif isinstance(stop, Terminated):
+        record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
+    elif type(error).__name__ == "TrialPruned":
+        record.mark_killed("pruned", f"{type(error).__name__}: {error}")
+    else:
+        record.mark_failed(error)
 
 
 def _stopped(error: BaseException, trainer: Any) -> BaseException | None:
