@@ -99,7 +99,7 @@ def check_overrides(
             _check_type(node, key, leaf, value)
             if key == "runs_dir" and isinstance(value, str):
                 try:
-                    check_runs_dir(value)  # before Hydra creates <runs_dir>/hydra/...
+                    check_runs_dir(value)  # before Hydra: `mesh-train -m` creates <runs_dir>/hydra/multirun/...
                 except ConfigError as error:
                     raise OverrideError(str(error)) from None
 

@@ -237,4 +237,9 @@ def _expected_vocab(train: TrainConfig) -> int | None:
     size = {"bpe": data.bpe_vocab_size, "gpt2": GPT2_VOCAB}.get(data.tokenizer)
     if size is None or (data.corpus == "indexed" and data.tokenizer == "bpe"):
         return None
-    return -(-size // 64) * 64
+    return padded_vocab(size)
+
+
+def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
+    """The model's vocabulary for a tokenizer's: padded up to a multiple of 64."""
+    return -(-vocab_size // multiple) * multiple

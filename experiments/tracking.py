@@ -7,6 +7,7 @@ MLflow's per-request limits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -234,6 +235,25 @@ def log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
         client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
 
 
+# Tags that say how a run stopped; a run opened again (a resume, a re-run grid) drops them.
+STOP_TAGS = ("error", "interrupted", "terminated", "pruned")
+
+
+def reopen_run(client: Any, run_id: str, tags: Mapping[str, str]) -> None:
+    """Set the run RUNNING again and drop the stop tags among its ``tags``, so its final status
+    and tags are those of the latest attempt."""
+    for tag in STOP_TAGS:
+        if tag in tags:
+            client.delete_tag(run_id, tag)
+    client.update_run(run_id, status="RUNNING")
+
+
+def terminate_run(client: Any, run_id: str, status: str, tag: str, text: str) -> None:
+    """End the run with ``status`` (FAILED, KILLED), saying why in the tag ``tag``."""
+    client.set_tag(run_id, tag, text[:5000])
+    client.set_terminated(run_id, status)
+
+
 class RunRecord:
     """The MLflow run of one training run. Only global rank 0 holds one (see ``train``).
 
@@ -244,7 +264,6 @@ class RunRecord:
     """
 
     ID_FILE = "mlflow_run_id"
-    STOP_TAGS = ("error", "interrupted", "terminated", "pruned")
 
     def __init__(self, client: Any, run_id: str, is_new: bool, last_logged_step: int = -1) -> None:
         self.client = client
@@ -290,10 +309,7 @@ class RunRecord:
                 f"the MLflow run {run_id} of {run_dir} is not in {tracking_uri} (deleted?): "
                 "pass resume=false to train this run again from step 0 into a new MLflow run"
             )
-        for tag in cls.STOP_TAGS:
-            if tag in run.data.tags:
-                client.delete_tag(run_id, tag)
-        client.update_run(run_id, status="RUNNING")
+        reopen_run(client, run_id, run.data.tags)
         steps = [m.step for key in run.data.metrics for m in client.get_metric_history(run_id, key)]
         return cls(client, run_id, is_new=False, last_logged_step=max(steps, default=-1))
 
@@ -315,11 +331,8 @@ class RunRecord:
         self._terminate("KILLED", reason, detail)
 
     def _terminate(self, status: str, tag: str, text: str) -> None:
-        try:
-            self.client.set_tag(self.run_id, tag, text[:5000])
-            self.client.set_terminated(self.run_id, status)
-        except Exception:  # the store itself may be what failed; the original error matters more
-            pass
+        with contextlib.suppress(Exception):  # the store itself may be what failed; the original error matters more
+            terminate_run(self.client, self.run_id, status, tag, text)
 
     def finish(self, metrics: Mapping[str, float], step: int) -> None:
         log_metrics(self.client, self.run_id, metrics, step)

@@ -28,15 +28,11 @@ from experiments.config import register_configs
 from experiments.identity import model_config_for
 from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError, check_overrides
-from experiments.plan import InputError, RunPlan, launched_rank, plan_run
+from experiments.plan import InputError, RunPlan, launched_rank, padded_vocab, plan_run
 from experiments.tracking import RunRecord, TrackingError, flatten, git_commit, isolated_tracking_uri
 from mesh_model import ConfigError, ModelConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
-    return -(-vocab_size // multiple) * multiple
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -60,7 +56,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning 2.6 on torch >= 2.10
     import lightning.pytorch as pl  # heavy imports only once the inputs are known to be good
 
-    from experiments.callbacks.checkpointing import atomic_save, newest_intact_checkpoint
+    from experiments.callbacks.checkpointing import newest_intact_checkpoint
     from experiments.callbacks.timing import RunTimer
     from experiments.data.datamodule import TokenDataModule
     from experiments.trainer import build_module, build_trainer, run_callbacks
@@ -85,7 +81,6 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
         if trainer.global_step % plan.config["val_every"] != 0:
             trainer.validate(module, datamodule=datamodule, verbose=False)
-        atomic_save(trainer, plan.last_checkpoint)
     except BaseException as error:
         stop = _stopped(error, trainer)
         if record is not None:

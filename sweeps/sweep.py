@@ -34,7 +34,15 @@ from omegaconf import OmegaConf
 from experiments.compose import compose_config
 from experiments.overrides import OverrideError, check_overrides
 from experiments.plan import InputError, RunPlan, plan_run
-from experiments.tracking import RunRecord, TrackingError, artifact_location, open_run, prepare_sqlite_store
+from experiments.tracking import (
+    RunRecord,
+    TrackingError,
+    artifact_location,
+    open_run,
+    prepare_sqlite_store,
+    reopen_run,
+    terminate_run,
+)
 from mesh_model import ConfigError
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
 from sweeps.config import LaunchConfig
@@ -42,8 +50,6 @@ from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_override
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.launchers import LaunchError
 
-# Tags that say how a parent run stopped; a parent reopened by a re-run drops them.
-STOP_TAGS = ("error", "interrupted", "terminated")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
@@ -66,11 +72,7 @@ def parent_run(name: str, key: str, cells: Sequence[Cell], plans: Sequence[RunPl
     id_file = sweep_dir / "parent_run_id"
     if id_file.exists():
         run_id = id_file.read_text().strip()
-        tags = client.get_run(run_id).data.tags
-        for tag in STOP_TAGS:
-            if tag in tags:
-                client.delete_tag(run_id, tag)
-        client.update_run(run_id, status="RUNNING")
+        reopen_run(client, run_id, client.get_run(run_id).data.tags)
     else:
         tags = {"sweep": name, "kind": "sweep", "cells": str(len(cells))}
         artifacts = artifact_location(first.tracking_uri, first.run_dir.parent)
@@ -183,11 +185,9 @@ def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
         if client.get_run(run_id).info.status != "RUNNING":
             return
         if outcome.status == FAILED:
-            client.set_tag(run_id, "error", outcome.error or "failed")
-            client.set_terminated(run_id, "FAILED")
+            terminate_run(client, run_id, "FAILED", "error", outcome.error or "failed")
         else:
-            client.set_tag(run_id, "interrupted", outcome.error or "interrupted")
-            client.set_terminated(run_id, "KILLED")
+            terminate_run(client, run_id, "KILLED", "interrupted", outcome.error or "interrupted")
     except MlflowException as error:  # the run is gone from the store: nothing to settle
         print(f"[mesh-sweep] could not close MLflow run {run_id}: {str(error).splitlines()[0]}", file=sys.stderr)
 

@@ -32,7 +32,8 @@ class StepCheckpoint(pl.Callback):
     (its validation and its logging included) is over, so a run resumed from it repeats nothing
     and misses nothing. On SIGTERM (SLURM's preemption and time limit, ``kill``), Lightning stops
     at the end of the step in progress with ``SIGTERMException`` (its handler only sets a flag);
-    ``last.ckpt`` is saved then. The final checkpoint is written when training ends.
+    ``last.ckpt`` is saved then. When training ends, ``last.ckpt`` is written (and ``step<N>.ckpt``
+    if N is a multiple of ``every``).
     """
 
     def __init__(self, dirpath: Path, every: int) -> None:
@@ -72,8 +73,12 @@ class StepCheckpoint(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
-        if step % self.every == 0 and step != self._saved_step:
+        if step == self._saved_step:
+            return
+        if step % self.every == 0:
             self._save(trainer, step)
+        else:
+            atomic_save(trainer, self.last)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
