@@ -44,6 +44,8 @@ class RunPlan:
     tracking_uri: str
     config_hash: str
     run_dir: Path
+    memory: MemoryEstimate  # one training step's estimate, per process
+    alone: bool = False  # on an accelerator or several processes (DDP): never packed with other runs
 
     @property
     def result_file(self) -> Path:
@@ -80,7 +82,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
             f"data.seq_len={train.data.seq_len} is invalid: the model's max_seq_len is {model_config.max_seq_len} "
             f"(raise it with +model_overrides.max_seq_len=...)"
         )
-    check_memory(train, model_config)
+    memory = check_memory(train, model_config)
     if train.data.corpus == "text":
         check_text_files(train.data.path or "")
     check_runs_dir(train.runs_dir)
@@ -98,6 +100,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         tracking_uri=tracking_uri,
         config_hash=digest,
         run_dir=runs_dir / train.tracking.experiment / run_key(model_config, train.seed, digest),
+        memory=memory,
+        alone=runs_on_accelerator(train.trainer)
+        or _processes(train.trainer.devices, False) > 1
+        or train.trainer.num_nodes > 1,
     )
 
 
@@ -112,7 +118,7 @@ def check_memory(train: TrainConfig, model_config: ModelConfig, available: int |
     activation_bytes, param_bytes = precision_bytes(trainer.resolved_precision)
     vocab = _expected_vocab(train)
     config = model_config.replace(vocab_size=vocab) if vocab else model_config
-    on_gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and _cuda_available())
+    on_gpu = runs_on_accelerator(trainer)
     sharded = on_gpu and any(name in str(trainer.strategy).lower() for name in SHARDED_STRATEGIES)
     estimate = estimate_step_memory(
         config,
@@ -143,6 +149,11 @@ def check_memory(train: TrainConfig, model_config: ModelConfig, available: int |
         f"layout={model_config.layout}: the training step needs about {per}{estimate.describe()} but "
         f"{free / GB:.1f} GB are available{where}; {fixes}, or pass allow_large=true"
     )
+
+
+def runs_on_accelerator(trainer: TrainerConfig) -> bool:
+    """Whether the run trains on a GPU (``trainer.accelerator`` gpu/cuda, or auto with CUDA present)."""
+    return trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and _cuda_available())
 
 
 def precision_bytes(precision: str) -> tuple[int, int]:

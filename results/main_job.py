@@ -18,6 +18,18 @@ from pathlib import Path
 SWEEP = "schemes"
 
 
+def main_job_arguments(steps: int, seeds: int, runs_dir: str | Path, extra: Sequence[str] = ()) -> list[str]:
+    """The ``mesh-sweep schemes`` arguments of the main job (benchmarks/grid_throughput.py runs them too)."""
+    return [
+        f"seeds={seeds}",
+        f"max_steps={steps}",
+        f"val_every={max(1, steps // 4)}",
+        f"checkpoint_every={max(1, steps // 4)}",
+        f"runs_dir={runs_dir}",
+        *extra,
+    ]
+
+
 def run_main_job(
     steps: int = 400, seeds: int = 2, runs_dir: str = "runs", out: str | None = None, extra: Sequence[str] = ()
 ) -> int:
@@ -26,15 +38,7 @@ def run_main_job(
 
     runs = Path(runs_dir).resolve()
     out_dir = Path(out or f"results/{SWEEP}").resolve()
-    arguments = [
-        f"seeds={seeds}",
-        f"max_steps={steps}",
-        f"val_every={max(1, steps // 4)}",
-        f"checkpoint_every={max(1, steps // 4)}",
-        f"runs_dir={runs}",
-        *extra,
-    ]
-    sweep_status = run_sweep(SWEEP, arguments)
+    sweep_status = run_sweep(SWEEP, main_job_arguments(steps, seeds, runs, extra))
     store = f"sqlite:///{runs / 'mlflow.db'}"
     build_report(SWEEP, [SWEEP], store, out_dir)
     print()

@@ -40,13 +40,16 @@ def launch_schema(launcher: str) -> DictConfig:
     return schema
 
 
+DEFAULT_LAUNCHER = "auto"  # as sweeps/conf/launch.yaml chooses
+
+
 def compose_launch(overrides: Sequence[str]) -> LaunchConfig:
     """The launch settings (sweeps/conf/launch.yaml), checked."""
     groups = {group: group_options(group, CONFIG_MODULE) for group in ("launcher", "resources")}
     keyed = [o for o in overrides if not o.startswith("seeds=")]
     try:
-        chosen = [o.partition("=")[2] for o in keyed if o.partition("=")[0] == "launcher"] or ["local"]
-        schema = launch_schema(chosen[-1] if chosen[-1] in LAUNCHERS else "local")
+        chosen = [o.partition("=")[2] for o in keyed if o.partition("=")[0] == "launcher"] or [DEFAULT_LAUNCHER]
+        schema = launch_schema(chosen[-1] if chosen[-1] in LAUNCHERS else DEFAULT_LAUNCHER)
         check_overrides(keyed, schema=schema, groups=groups, open_keys=())
     except OverrideError as error:
         raise SweepError(str(error)) from None

@@ -29,8 +29,10 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
+from sweeps.packing import PROCESS_BYTES, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
+    from experiments.plan import RunPlan
     from sweeps.config import ResourcesConfig
 
 
@@ -62,6 +64,11 @@ class Launcher:
         """Overrides every cell needs to use what ``resources`` asks for."""
         return []
 
+    def prepare(self, plans: Sequence[RunPlan]) -> str | None:
+        """Decide, before anything is logged, how the runs of ``plans`` will share this machine;
+        returns a line saying so (None: nothing to say). Refuses (LaunchError) what cannot fit."""
+        return None
+
     def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
         raise NotImplementedError
 
@@ -71,13 +78,86 @@ class LocalLauncher(Launcher):
     """Sequentially, in this process: imports and the tokenized corpus are paid for once."""
 
     def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
+        yield from self.launch_with_threads(cells, None)
+
+    def launch_with_threads(self, cells: Sequence[Cell], threads: int | None) -> Iterator[CellOutcome]:
+        """Each cell in turn, with ``threads`` torch threads (None: leave the process's setting)."""
         for cell in cells:
             try:
-                outcome = run_cell(cell)
+                outcome = run_cell(cell, threads)
             except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C: this cell stops, none other starts
                 yield CellOutcome.interrupted(cell, stop_note(stop))
                 raise
             yield outcome
+
+
+@dataclass
+class PackedLauncher(Launcher):
+    """The local default: as many cells at once, with as many torch threads each, as finish the
+    grid soonest on this machine without running out of memory (:mod:`sweeps.packing`).
+    ``workers`` and ``threads`` override the choice. One cell at a time runs in this process
+    (imports and corpus paid once); more run in processes of their own (:func:`run_in_processes`)."""
+
+    workers: int | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        self._packing: Packing | None = None
+
+    def validate(self) -> None:
+        for name in ("workers", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"launcher.{name}", value, "must be an integer >= 1, or null to choose")
+
+    @property
+    def concurrency(self) -> int:
+        if self._packing is not None:
+            return self._packing.workers
+        return self.workers or usable_cores()
+
+    @property
+    def in_processes(self) -> bool:
+        """Whether cells run in processes of their own even one at a time."""
+        return False
+
+    def prepare(self, plans: Sequence[RunPlan]) -> str | None:
+        from experiments.plan import available_memory
+
+        found = available_memory("cpu")
+        available = found[0] if found else None
+        needs = [CellNeeds(plan.memory.total, plan.alone) for plan in plans]
+        packing = choose_packing(needs, usable_cores(), available, self.workers, self.threads)
+        per_cell = max((n.memory_bytes for n in needs), default=0) + PROCESS_BYTES
+        at_once = min(packing.workers, len(needs))
+        if available is not None and not any(n.alone for n in needs) and at_once * per_cell > available:
+            raise LaunchError(
+                f"launcher.workers={packing.workers} is too many: {at_once} cells at once need about "
+                f"{at_once * per_cell / 1024**3:.1f} GB but {available / 1024**3:.1f} GB are available; "
+                "lower launcher.workers, or leave it out to choose"
+            )
+        self._packing = packing
+        return f"packing: {packing.describe(len(plans))}"
+
+    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
+        packing = self._packing or Packing(self.workers or 1, self.threads, "not prepared")
+        if packing.workers == 1 and not self.in_processes:
+            yield from LocalLauncher().launch_with_threads(cells, packing.threads)
+        else:
+            yield from run_in_processes(cells, packing.workers, packing.threads)
+
+
+@dataclass
+class ParallelLauncher(PackedLauncher):
+    """``workers`` spawned processes share the machine, one process per cell, even when one
+    (:func:`run_in_processes`): a worker that dies fails its own cell and no other. ``threads``
+    defaults to the usable cores // workers."""
+
+    workers: int | None = 2
+
+    @property
+    def in_processes(self) -> bool:
+        return True
 
 
 @dataclass
@@ -94,16 +174,6 @@ class WorkersLauncher(Launcher):
     @property
     def concurrency(self) -> int:
         return self.workers
-
-
-@dataclass
-class ParallelLauncher(WorkersLauncher):
-    """``workers`` spawned processes share the machine, one process per cell
-    (:func:`run_in_processes`): a worker that dies fails its own cell and no other."""
-
-    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
-        threads = max(1, resources.cpus_per_task // self.workers)
-        yield from run_in_processes(cells, self.workers, threads)
 
 
 # ---------------------------------------------------------------- a small process pool
@@ -394,6 +464,7 @@ class SlurmLauncher(Launcher):
 
 # The options of sweeps/conf/launcher/ and the class that types each one.
 LAUNCHERS: dict[str, type[Launcher]] = {
+    "auto": PackedLauncher,
     "local": LocalLauncher,
     "parallel": ParallelLauncher,
     "submitit_local": SubmititLocalLauncher,

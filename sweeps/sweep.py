@@ -2,7 +2,7 @@
 
     mesh-sweep schemes                                   # the grid on the tiny CPU preset
     mesh-sweep schemes seeds=3 --dry-run                 # list the 18 runs, start nothing
-    mesh-sweep buffer_slots model=mini launcher=parallel
+    mesh-sweep buffer_slots model=mini launcher.workers=2
     mesh-sweep schemes model=pythia-410m trainer=gpu launcher=slurm launcher.partition=gpu resources=gpu1
 
 Overrides of ``launcher``/``resources``/``seeds`` say how the grid runs; all others go to every
@@ -105,6 +105,8 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
 
     key = sweep_key(name, cells)
     launch.launcher.check(sweep_dir_for(plans[0], key) / "submitit", launch.resources)
+    to_run = [plan for plan in plans if not plan.result_file.exists()]
+    packing = launch.launcher.prepare(to_run)
     tracking_uri, parent_id, sweep_dir = parent_run(name, key, cells, plans)
     outcomes: dict[int, CellOutcome] = {}
     pending = []
@@ -120,6 +122,8 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
         f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {fixed or '(defaults)'}",
         file=out,
     )
+    if packing and pending:
+        print(f"[mesh-sweep] {packing}", file=out)
 
     def record(outcome: CellOutcome) -> None:
         cell = cells[outcome.index]
@@ -213,6 +217,8 @@ def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: Lau
             print(f"  {param}: {distribution}", file=out)
         return 0
     launch.launcher.check(sweep_dir_for(plan, key) / "submitit", launch.resources)
+    if packing := launch.launcher.prepare([plan] * search.n_trials):  # trials are alike in what they need
+        print(f"[mesh-sweep] {packing}", file=out)
     tracking_uri, parent_id, sweep_dir = parent_run(name, key, [Cell(0, overrides)], [plan])
     base_overrides = [*overrides, f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
     print(f"[mesh-sweep] {name}: Optuna search to {search.n_trials} trials, study {study_name!r}", file=out)

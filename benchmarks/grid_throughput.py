@@ -1,0 +1,101 @@
+"""The main job's grid run sequentially and packed, interleaved, in one invocation.
+
+    .venv/bin/python benchmarks/grid_throughput.py                 # 12 cells x 60 steps, 2 pairs (~12 min on 2 cores)
+    .venv/bin/python benchmarks/grid_throughput.py --steps 30 --pairs 1
+
+Each pair runs the ``schemes`` grid of ``mesh-demo`` (6 schemes x 2 seeds, tiny preset) twice in
+fresh ``mesh-sweep`` processes and fresh stores: ``launcher=local`` (one cell after another in one
+process with every thread: the main job before packing) and the default ``launcher=auto`` (packed,
+sweeps/packing.py). The order alternates from pair to pair, so a machine that slows down or speeds
+up during the benchmark weighs on both sides. It prints each pair's wall times, the paired ratios
+packed / sequential (min, median, max) and the largest relative gap between the two ways' final
+training losses, cell by cell (same seeds; the thread count differs, see sweeps/packing.py).
+
+Target (issue: throughput): packed <= 0.67x sequential on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+
+from results.main_job import SWEEP, main_job_arguments
+
+SEQUENTIAL = ["launcher=local"]
+PACKED: list[str] = []  # the default: launcher=auto
+
+
+def run_grid(launch: list[str], steps: int, seeds: int, runs_dir: Path) -> float:
+    """Wall seconds of one ``mesh-sweep`` of the main job's grid into ``runs_dir``."""
+    command = [str(Path(sys.executable).parent / "mesh-sweep"), SWEEP, *main_job_arguments(steps, seeds, runs_dir)]
+    started = time.perf_counter()
+    result = subprocess.run([*command, *launch], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        sys.exit(
+            f"grid_throughput: {' '.join(command + launch)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
+    packing = [line for line in result.stdout.splitlines() if "packing:" in line]
+    print(f"    {'packed' if not launch else 'sequential'}: {seconds:7.1f} s  {packing[0].strip() if packing else ''}")
+    return seconds
+
+
+def final_losses(runs_dir: Path) -> dict[tuple[str, str], float]:
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(SWEEP)
+    runs = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("kind") != "sweep"]
+    return {(r.data.params["scheme"], r.data.params["seed"]): r.data.metrics["train/loss"] for r in runs}
+
+
+def largest_gap(a: dict[tuple[str, str], float], b: dict[tuple[str, str], float]) -> float:
+    if a.keys() != b.keys():
+        sys.exit(f"grid_throughput: the two grids ran different cells: {sorted(a)} vs {sorted(b)}")
+    return max(abs(a[k] - b[k]) / abs(b[k]) for k in a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60, help="training steps per cell (the main job runs 400)")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=2, help="sequential/packed pairs, order alternating")
+    args = parser.parse_args(argv)
+
+    ratios, gaps = [], []
+    with tempfile.TemporaryDirectory(prefix="grid-throughput-") as scratch:
+        for pair in range(args.pairs):
+            print(f"pair {pair + 1}/{args.pairs}")
+            order = [("sequential", SEQUENTIAL), ("packed", PACKED)]
+            if pair % 2:
+                order.reverse()
+            seconds, losses = {}, {}
+            for name, launch in order:
+                runs_dir = Path(scratch) / f"{pair}-{name}"
+                seconds[name] = run_grid(launch, args.steps, args.seeds, runs_dir)
+                losses[name] = final_losses(runs_dir)
+            ratios.append(seconds["packed"] / seconds["sequential"])
+            gaps.append(largest_gap(losses["packed"], losses["sequential"]))
+            print(f"    packed / sequential = {ratios[-1]:.3f}; largest final-loss gap {gaps[-1]:.1e} (relative)")
+
+    cells = 6 * args.seeds
+    print(f"\n{SWEEP} grid, {cells} cells x {args.steps} steps, {args.pairs} interleaved pair(s)")
+    print("| measure | min | median | max |\n|---|---|---|---|")
+    print(
+        f"| packed / sequential wall time | {min(ratios):.3f} | {statistics.median(ratios):.3f} | {max(ratios):.3f} |"
+    )
+    print(
+        f"| final train loss, largest relative gap | {min(gaps):.1e} | {statistics.median(gaps):.1e} | {max(gaps):.1e} |"
+    )
+    target = statistics.median(ratios) <= 0.67
+    print(f"target packed <= 0.67x sequential: {'met' if target else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
