@@ -2,11 +2,12 @@
 
 Rows: finished runs that differ only by seed (same preset, layout, scheme, B and other overrides)
 form one row; each metric is the mean ± sample standard deviation (ddof=1) over those seeds with n
-(one seed: the value and "n=1", no spread). Two finished runs of a row with the same
-``config_hash`` and seed are the same model trained twice (a re-run, or an equivalent spelling of
-its config), not two replicates: only the latest by end time counts, and the others are listed in
-:attr:`Results.duplicates`. Blocks: rows of the same preset and the same compute
-depth (a looped layout is compute-matched with the vanilla model of its unrolled depth).
+(one seed: the value and "n=1", no spread). The per-seed values are kept, so that two rows can be
+compared by a test over seeds (:meth:`Row.compare`, :mod:`results.stats`). Two finished runs of a
+row with the same ``config_hash`` and seed are the same model trained twice (a re-run, or an
+equivalent spelling of its config), not two replicates: only the latest by end time counts, and
+the others are listed in :attr:`Results.duplicates`. Blocks: rows of the same preset and the same
+compute depth (a looped layout is compute-matched with the vanilla model of its unrolled depth).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 from mesh_model import ConfigError, Layout
 from results.collect import RUN_COLUMNS, grouping_params, overrides_label, validation_sets
 from results.paper import PaperRow, PaperValue, paper_values
+from results.stats import Comparison, compare
 
 # Paper order of the schemes within a block; others follow by name.
 SCHEME_ORDER = (
@@ -44,9 +46,10 @@ NOT_METRICS = {*RUN_COLUMNS, "main_set"}
 
 @dataclass(frozen=True)
 class Stat:
-    """A metric over the seeds of one row."""
+    """A metric over the seeds of one row: ``values[i]`` is the run of seed ``seeds[i]``."""
 
     values: tuple[float, ...]
+    seeds: tuple[str, ...] = ()
 
     @property
     def n(self) -> int:
@@ -60,6 +63,13 @@ class Stat:
     def std(self) -> float | None:
         """Sample standard deviation (ddof=1); None for a single seed."""
         return statistics.stdev(self.values) if self.n > 1 else None
+
+    @property
+    def sample(self) -> dict[str, float] | tuple[float, ...]:
+        """``{seed: value}`` when every value has its own seed (what a paired test needs), else the values."""
+        if len(self.seeds) == self.n and len(set(self.seeds)) == self.n and all(self.seeds):
+            return dict(zip(self.seeds, self.values, strict=True))
+        return self.values
 
     def text(self, decimals: int, scale: float = 1.0) -> str:
         mean = f"{self.mean * scale:.{decimals}f}"
@@ -140,6 +150,14 @@ class Row:
     def mean(self, metric: str) -> float | None:
         stat = self.stats.get(metric)
         return stat.mean if stat else None
+
+    def compare(self, other: Row, metric: str) -> Comparison | None:
+        """This row's ``metric`` against ``other``'s over seeds (:func:`results.stats.compare`);
+        None when either row lacks it."""
+        ours, theirs = self.stats.get(metric), other.stats.get(metric)
+        if ours is None or theirs is None:
+            return None
+        return compare(ours.sample, theirs.sample)
 
 
 @dataclass
@@ -253,9 +271,9 @@ def aggregate(
         stats = {}
         for column in metric_columns:
             series = pd.to_numeric(runs[column], errors="coerce")
-            finite = [float(v) for v in series if math.isfinite(v)]
+            finite = [(str(s), float(v)) for s, v in zip(runs["seed"], series, strict=True) if math.isfinite(v)]
             if finite:
-                stats[column] = Stat(tuple(finite))
+                stats[column] = Stat(tuple(v for _, v in finite), tuple(s for s, _ in finite))
         row = Row(
             preset=preset,
             scheme=scheme,
@@ -328,9 +346,9 @@ def _add_loop_erank(row: Row, runs: pd.DataFrame) -> None:
     if not columns or not all(c in runs for c in columns):
         return
     means = [statistics.fmean(float(v) for v in values) for values in runs[columns].itertuples(index=False)]
-    finite = tuple(v for v in means if math.isfinite(v))
+    finite = [(str(s), v) for s, v in zip(runs["seed"], means, strict=True) if math.isfinite(v)]
     if finite:
-        row.stats["probe/erank/loop_mean"] = Stat(finite)
+        row.stats["probe/erank/loop_mean"] = Stat(tuple(v for _, v in finite), tuple(s for s, _ in finite))
 
 
 __all__ = ["Block", "Duplicate", "Results", "Row", "Stat", "aggregate"]

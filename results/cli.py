@@ -7,7 +7,9 @@
 
 NAME is an MLflow experiment (a sweep's name), or several comma-separated. Writes
 ``report.md``, ``table.{md,tex,csv}``, ``probes.{md,tex,csv}`` (when runs were probed),
-``runs.csv`` (every run read, any status) and ``figures/`` to ``--out`` (default ``results/<NAME>``).
+``claims.md`` (the paper's claims tested on these runs), ``runs.csv`` (every run read, any
+status) and ``figures/`` to ``--out`` (default ``results/<NAME>``). Every difference between two
+rows carries its 95% CI, p-value and test over seeds (paired t, or Welch t).
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ def load_paper_numbers(path: str | Path | None = None) -> list[PaperRow]:
     return rows
 
 
-def _slots(value: str | int | float | None) -> int | None:
+def slots_value(value: str | int | float | None) -> int | None:
+    """B as an integer (from a tag, a CSV cell or a number); None when empty or not a number."""
     if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
         return None
     try:
@@ -105,7 +106,7 @@ def matches(row: PaperRow, preset: str, scheme: str, layout: str, buffer_slots: 
     """Same preset, scheme and layout; a paper row without B matches MeSH at the default B = K + 3."""
     if (row.preset, row.scheme, row.layout) != (preset, canonical_scheme(scheme), canonical_layout(layout)):
         return False
-    ours = _slots(buffer_slots)
+    ours = slots_value(buffer_slots)
     if row.buffer_slots is None:
         return ours is None or ours == default_slots(layout)
     return ours == row.buffer_slots
@@ -130,4 +131,4 @@ def paper_values(
     return values
 
 
-__all__ = ["PAPER_METRICS", "PaperRow", "PaperValue", "load_paper_numbers", "matches", "paper_values"]
+__all__ = ["PAPER_METRICS", "PaperRow", "PaperValue", "load_paper_numbers", "matches", "paper_values", "slots_value"]

@@ -1,10 +1,12 @@
-"""What goes in the paper's tables: columns, cells, and the best and second best of each block.
+"""What goes in the paper's tables: columns, cells, tests, and the best and second best of each block.
 
-:func:`main_table` (parameters, loss and PPL per validation set, the paper's numbers, deltas,
-downstream accuracy) and :func:`probe_table` turn :class:`~results.aggregate.Results` into a
-:class:`Table`; :mod:`results.render` writes it. Within a block the best value of each loss, PPL
-(lower) and downstream (higher) column is bold and the second best underlined (only when the block
-has three or more values: with two, the other one is simply not the best).
+:func:`main_table` (parameters, loss and PPL per validation set, the paper's numbers, differences
+against vanilla and base, downstream accuracy) and :func:`probe_table` turn
+:class:`~results.aggregate.Results` into a :class:`Table`; :mod:`results.render` writes it. Every
+difference between two rows comes with its 95% confidence interval, p-value and test
+(:mod:`results.stats`). Within a block the best mean of each loss, PPL (lower) and downstream
+(higher) column is bold and the second best underlined (only when the block has three or more
+values: with two, the other one is simply not the best); the marks rank means, not significance.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from results.aggregate import Block, Results, Row, Stat, decimals_for, is_accuracy
+from results.stats import ALPHA, METHOD, diff_text, format_p
 
 DOWNSTREAM = (("eval/0shot/avg", "0-shot", "0shot"), ("eval/5shot/avg", "5-shot", "5shot"))
 
@@ -58,16 +61,24 @@ def _stat_record(record: dict[str, Any], name: str, stat: Stat | None, scale: fl
     record[f"{name}_n"] = stat.n if stat else 0
 
 
-def _delta(row: Row, reference: Row | None, metric: str) -> tuple[str, float | None]:
-    if reference is None:
-        return "", None
+def _compare_cells(row: Row, reference: Row | None, metric: str, record: dict[str, Any], key: str) -> list[Cell]:
+    """Δ (95% CI), p and test of ``row`` against ``reference`` in ``metric``; adds delta, ci_low,
+    ci_high, p and test to ``record`` (suffix ``<metric>_vs_<key>``)."""
+    suffix = f"{metric}_vs_{key}"
+    comparison = row.compare(reference, metric) if reference is not None and reference is not row else None
+    if comparison is not None and is_accuracy(metric):
+        comparison = comparison.scaled(100.0)  # accuracies in % points
+    record[f"delta_{suffix}"] = comparison.diff if comparison else None
+    record[f"ci_low_{suffix}"] = comparison.ci_low if comparison else None
+    record[f"ci_high_{suffix}"] = comparison.ci_high if comparison else None
+    record[f"p_{suffix}"] = comparison.p if comparison else None
+    record[f"test_{suffix}"] = comparison.test if comparison else ""
     if reference is row:
-        return "—", None
-    ours, theirs = row.mean(metric), reference.mean(metric)
-    if ours is None or theirs is None:
-        return "", None
-    delta = (ours - theirs) * (100.0 if is_accuracy(metric) else 1.0)  # accuracies in % points
-    return f"{delta:+.{decimals_for(metric, theirs)}f}", delta
+        return [Cell("—"), Cell(""), Cell("")]
+    if comparison is None or reference is None:
+        return [Cell(""), Cell(""), Cell("")]
+    text = diff_text(comparison, decimals_for(metric, reference.stats[metric].mean))
+    return [Cell(text), Cell(format_p(comparison.p)), Cell(comparison.test)]
 
 
 def _mark(cells: list[list[Cell]], column: int, higher_is_better: bool) -> None:
@@ -117,92 +128,121 @@ def _identity_record(block: Block, row: Row) -> dict[str, Any]:
     }
 
 
-def _spec_cell(kind: str, key: str, block: Block, row: Row, record: dict[str, Any], ppl_metric: str) -> Cell:
-    """The cell of one column (``kind``, ``key``) for ``row``; adds the raw numbers to ``record``."""
+@dataclass(frozen=True)
+class Spec:
+    """What a group of columns shows. ``kind``: ``params`` | ``pct`` | ``stat`` | ``stat%`` (one
+    column of ``key``), ``paper`` (the paper's number ``key``), ``compare`` (three columns: Δ with
+    its 95% CI, p and test of ``metric`` against the block's ``key`` row, named ``label``)."""
+
+    kind: str
+    key: str
+    header: str = ""
+    metric: str = ""
+    label: str = ""
+    higher_is_better: bool | None = None  # ranked (best and second marked) when not None
+
+    @property
+    def columns(self) -> list[Column]:
+        if self.kind != "compare":
+            return [Column(self.header)]
+        versus = f"{self.label} vs {self.key}"
+        return [Column(f"Δ{versus} (95% CI)"), Column(f"p ({versus})"), Column(f"test ({versus})")]
+
+
+def _spec_cells(spec: Spec, block: Block, row: Row, record: dict[str, Any]) -> list[Cell]:
+    """The cells of one spec for ``row``; adds the raw numbers to ``record``."""
+    kind, key = spec.kind, spec.key
     if kind == "params":
         stat = row.stats.get(key)
         record[key] = stat.mean if stat else None
-        return Cell(f"{stat.mean:,.0f}" if stat else "")
+        return [Cell(f"{stat.mean:,.0f}" if stat else "")]
     if kind == "pct":
         stat = row.stats.get(key)
         record[key] = stat.mean if stat else None
-        return Cell("100%" if row.scheme == "vanilla" else f"{stat.mean - 100:+.1f}%" if stat else "")
+        return [Cell("100%" if row.scheme == "vanilla" else f"{stat.mean - 100:+.1f}%" if stat else "")]
     if kind in ("stat", "stat%"):
         scale = 100.0 if kind == "stat%" else 1.0
         _stat_record(record, f"{key}_pct" if kind == "stat%" else key, row.stats.get(key), scale)
-        return _stat_cell(row, key, scale)
+        return [_stat_cell(row, key, scale)]
     if kind == "paper":
         value = row.paper.get(key)
         record[f"paper_{key}"] = value.value if value else None
         record[f"paper_{key}_table"] = value.table if value else ""
-        return Cell(value.text if value else "")
-    reference = block.reference(row, key, same_layout=key == "base")  # kind == "delta"
-    text, delta = _delta(row, reference, ppl_metric)
-    record[f"delta_{ppl_metric}_vs_{key}"] = delta
-    return Cell(text)
+        return [Cell(value.text if value else "")]
+    reference = block.reference(row, key, same_layout=key == "base")  # kind == "compare"
+    return _compare_cells(row, reference, spec.metric, record, key)
 
 
-def _table_blocks(results: Results, specs: list[tuple[str, str]], ranked: dict[int, bool]) -> list[TableBlock]:
-    """Identity cells then one cell per spec for every row, block by block; the spec columns in
-    ``ranked`` (spec index -> higher is better) get their best and second best marked per block."""
-    identity, has_slots, has_overrides = _identity(results)
-    first = len(identity)
+def _table(title: str, results: Results, specs: list[Spec], notes: list[str]) -> Table:
+    """Identity columns then each spec's columns, block by block; in each block the best and second
+    best of every ranked spec are marked."""
+    columns, has_slots, has_overrides = _identity(results)
+    ranked: dict[int, bool] = {}  # column index -> higher is better
+    for spec in specs:
+        if spec.higher_is_better is not None:
+            ranked[len(columns)] = spec.higher_is_better
+        columns += spec.columns
     blocks = []
     for block in results.blocks:
         cells, records = [], []
         for row in block.rows:
             line = _identity_cells(row, has_slots, has_overrides)
             record = _identity_record(block, row)
-            line += [_spec_cell(kind, key, block, row, record, results.ppl_metric) for kind, key in specs]
+            for spec in specs:
+                line += _spec_cells(spec, block, row, record)
             cells.append(line)
             records.append(record)
         for index, higher in ranked.items():
-            _mark(cells, first + index, higher)
+            _mark(cells, index, higher)
         blocks.append(TableBlock(block.name, cells, records))
-    return blocks
+    return Table(title, columns, blocks, notes)
+
+
+MARKS_NOTE = (
+    "Bold: the best mean in its block, underlined: the second best (only in blocks of three or more "
+    "values); lower is better for loss and PPL, higher for downstream accuracy. The marks rank means "
+    "only and do not say that a difference is significant: the Δ columns (and claims.md) carry the tests."
+)
+TEST_NOTE = (
+    "Δ (95% CI): difference of means (this row minus the reference) with its 95% confidence interval; "
+    f"p and test: {METHOD}. — marks the reference row itself; p ≥ {ALPHA} means the difference is within "
+    "seed-to-seed noise at this number of seeds."
+)
 
 
 def main_table(results: Results) -> Table:
     """The paper-style table: parameters, loss and PPL per validation set (the paper's number beside
-    the main set's), deltas against vanilla and base, downstream averages when evaluated."""
-    columns, _, _ = _identity(results)
+    the main set's), differences against vanilla and base with their tests, downstream averages."""
     rows = results.rows
-    columns += [Column("non-emb params"), Column("vs vanilla")]
-    specs = [("params", "params_non_embedding"), ("pct", "params_pct_of_vanilla")]
-    ranked: dict[int, bool] = {}  # spec index -> higher is better
-
+    specs = [
+        Spec("params", "params_non_embedding", "non-emb params"),
+        Spec("pct", "params_pct_of_vanilla", "vs vanilla"),
+    ]
     paper_metrics = {m for r in rows for m in r.paper}
     for i, name in enumerate(results.sets):
         for kind in ("loss", "ppl"):
             metric = f"val/{name}/{kind}"
             if not any(metric in r.stats for r in rows):
                 continue
-            ranked[len(specs)] = False
-            columns.append(Column(f"{'PPL' if kind == 'ppl' else 'loss'} ({name})"))
-            specs.append(("stat", metric))
+            label = "PPL" if kind == "ppl" else "loss"
+            specs.append(Spec("stat", metric, f"{label} ({name})", higher_is_better=False))
             if i == 0 and kind in paper_metrics:
-                columns.append(Column(f"paper {'PPL' if kind == 'ppl' else 'loss'}"))
-                specs.append(("paper", kind))
+                specs.append(Spec("paper", kind, f"paper {label}"))
     delta_name = "PPL" if results.ppl_metric.endswith("ppl") else results.ppl_metric
     delta_name += " (% points)" if is_accuracy(results.ppl_metric) else ""
     has_deltas = any(results.ppl_metric in r.stats for r in rows)
     if has_deltas:
-        columns += [Column(f"Δ{delta_name} vs vanilla"), Column(f"Δ{delta_name} vs base")]
-        specs += [("delta", "vanilla"), ("delta", "base")]
+        specs += [Spec("compare", ref, metric=results.ppl_metric, label=delta_name) for ref in ("vanilla", "base")]
     for metric, header, paper_key in DOWNSTREAM:
         if any(metric in r.stats for r in rows):
-            ranked[len(specs)] = True
-            columns.append(Column(f"{header} avg (%)"))
-            specs.append(("stat%", metric))
+            specs.append(Spec("stat%", metric, f"{header} avg (%)", higher_is_better=True))
             if paper_key in paper_metrics:
-                columns.append(Column(f"paper {header}"))
-                specs.append(("paper", paper_key))
+                specs.append(Spec("paper", paper_key, f"paper {header}"))
 
     notes = [
         "Each cell: mean ± sample standard deviation (ddof=1) over seeds, n = finished runs averaged; "
         "n=1: a single seed, no spread shown.",
-        "Bold: best in its block, underlined: second best (only in blocks of three or more values); "
-        "lower is better for loss and PPL, higher for downstream accuracy.",
+        MARKS_NOTE,
     ]
     if paper_metrics:
         notes.append(
@@ -211,10 +251,10 @@ def main_table(results: Results) -> Table:
         )
     if has_deltas:
         notes.append(
-            f"Δ{delta_name}: difference of means against the block's vanilla row, and against the base row "
-            "of the same layout; — marks the reference row itself."
+            f"Δ{delta_name} vs vanilla: against the block's vanilla row; vs base: against the base row of the "
+            f"same layout. {TEST_NOTE}"
         )
-    return Table("Results", columns, _table_blocks(results, specs, ranked), notes)
+    return _table("Results", results, specs, notes)
 
 
 def _paper_sources(rows: list[Row]) -> str:
@@ -228,11 +268,18 @@ def _paper_sources(rows: list[Row]) -> str:
     return "; ".join(parts)
 
 
-PROBE_COLUMNS = (
+CKA_ESTIMATORS = (
+    ("cka_rbf", "rbf"),  # the paper's (biased) estimator
+    ("cka_rbf_debiased", "rbf debiased"),
+    ("cka_linear", "linear"),
+    ("cka_linear_debiased", "linear debiased"),
+)
+# The probe differences tested against the base row of the same layout: metric -> label.
+PROBE_COMPARED = (
     ("probe/update/core_balance", "core balance"),
-    ("probe/cka_rbf/loop_mean", "CKA rbf h(t),h(t+1)"),
-    ("probe/cka_linear/loop_mean", "CKA linear h(t),h(t+1)"),
-    ("probe/erank/loop_mean", "erank h1..hK"),
+    ("probe/cka_rbf/loop_mean", "CKA rbf"),
+    ("probe/cka_rbf_debiased/loop_mean", "CKA rbf debiased"),
+    ("probe/erank/loop_mean", "erank"),
 )
 
 
@@ -244,27 +291,70 @@ def _block_order(name: str) -> tuple[int, int]:
     return (2, 0)
 
 
+def _update_blocks(rows: list[Row], kind: str) -> list[str]:
+    """The blocks with a ``probe/<kind>/<block>/mean`` metric, prelude first, then core1..K, then coda."""
+    prefix = f"probe/{kind}/"
+    found = {m.split("/")[2] for r in rows for m in r.stats if m.startswith(prefix) and m.endswith("/mean")}
+    return sorted(found, key=_block_order)
+
+
 def probe_table(results: Results) -> Table | None:
-    """The probes per row (means over seeds): relative update of each block, core balance
-    (min/max of the core iterations), loop-to-loop CKA and the loop states' effective rank."""
+    """The probes per row (means over seeds): each block's core update and state update, their
+    balance over the core iterations, loop-to-loop CKA beside its null floor for every estimator
+    logged, the loop states' effective rank, then the tested differences against base."""
     rows = results.rows
-    updates = sorted(
-        {m.split("/")[2] for r in rows for m in r.stats if m.startswith("probe/update/") and m.endswith("/mean")},
-        key=_block_order,
-    )
-    extra = [(m, h) for m, h in PROBE_COLUMNS if any(m in r.stats for r in rows)]
-    if not updates and not extra:
-        return None
-    columns, _, _ = _identity(results)
-    metrics = [(f"probe/update/{b}/mean", f"update {b}") for b in updates] + extra
-    columns += [Column(header) for _, header in metrics]
-    blocks = _table_blocks(results, [("stat", metric) for metric, _ in metrics], {})
-    notes = [
-        "Relative update 2|f(h)-h|/(|f(h)|+|h|) of each block (mean over held-out samples), then mean ± "
-        "sample std over seeds. Core balance: min/max of the core iterations' updates (1 = balanced). "
-        "CKA: mean over consecutive loop states. erank: effective rank averaged over h1..hK."
+    present = {m for r in rows for m in r.stats}
+    metrics = [(f"probe/update/{b}/mean", f"update {b}") for b in _update_blocks(rows, "update")]
+    metrics += [(f"probe/state_update/{b}/mean", f"state update {b}") for b in _update_blocks(rows, "state_update")]
+    metrics += [
+        (m, h)
+        for m, h in (
+            ("probe/update/core_balance", "core balance"),
+            ("probe/state_update/core_balance", "state balance"),
+        )
+        if m in present
     ]
-    return Table("Probes", columns, blocks, notes)
+    for estimator, name in CKA_ESTIMATORS:
+        for metric, header in (
+            (f"probe/{estimator}/loop_mean", f"CKA {name} h(t),h(t+1)"),
+            (f"probe/{estimator}/floor", f"floor {name}"),
+        ):
+            if metric in present:
+                metrics.append((metric, header))
+    if "probe/erank/loop_mean" in present:
+        metrics.append(("probe/erank/loop_mean", "erank h1..hK"))
+    if not metrics:
+        return None
+    specs = [Spec("stat", metric, header) for metric, header in metrics]
+    compared = [(m, label) for m, label in PROBE_COMPARED if m in present]
+    specs += [Spec("compare", "base", metric=m, label=label) for m, label in compared]
+    notes = [
+        "Each cell: the probe's value on held-out samples, then mean ± sample std (ddof=1) over seeds.",
+        "update <block>: the block's own update, core update f(h) vs h: 2|f(h)-h|/(|f(h)|+|h|) (the paper's "
+        "probe). state update <block>: the same measure between consecutive states h(t-1) -> h(t), which "
+        "includes what the scheme adds to f(h). core balance / state balance: min/max of the core "
+        "iterations' update / state update (1 = balanced).",
+        "CKA <estimator> h(t),h(t+1): mean over consecutive loop states (rbf: the paper's biased RBF "
+        "estimator; debiased: the unbiased HSIC estimator). floor: the same estimator's null floor, its "
+        "value for unrelated states of the same shape: only the distance above it is similarity. "
+        "erank: effective rank averaged over h1..hK.",
+    ]
+    unsplit = [
+        r.label
+        for r in rows
+        if r.loops
+        and any(m.startswith("probe/update/") for m in r.stats)
+        and not any(m.startswith("probe/state_update/") for m in r.stats)
+    ]
+    if unsplit:
+        notes.append(
+            "Rows without state update columns (" + ", ".join(unsplit) + ") may come from runs probed before the "
+            "two measures were split, which logged the state update h(t-1) -> h(t) under probe/update: there, "
+            "the update columns may hold the state update."
+        )
+    if compared:
+        notes.append(f"Δ<probe> vs base: against the base row of the same layout. {TEST_NOTE}")
+    return _table("Probes", results, specs, notes)
 
 
-__all__ = ["Table", "main_table", "probe_table"]
+__all__ = ["Spec", "Table", "main_table", "probe_table"]

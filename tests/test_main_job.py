@@ -9,6 +9,7 @@ import mlflow
 import pandas as pd
 import pytest
 
+from results.claims import load_claims
 from results.main_job import run_main_job
 
 SCHEMES = ["vanilla", "base", "residual", "anchor", "anchor_emb", "mesh"]
@@ -63,6 +64,18 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert "](figures/train_loss.png)" in report and (out / "figures" / "train_loss.png").stat().st_size > 1024
     assert all(line in report for line, _ in rows.values())  # the table is in the report
     assert r"\begin{tabular}" in (out / "table.tex").read_text()
+    # claims.md: every claim the schemes grid can test is tested (at 4 steps the verdicts may be
+    # anything); B = K + 3 cannot be, with one B only. The report links it.
+    claims = (out / "claims.md").read_text()
+    verdicts: dict[str, set[str]] = {}
+    for line in claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        verdicts.setdefault(cells[0].strip("`"), set()).add(cells[-1])
+    tested = {"holds", "agrees, not significant", "disagrees, not significant", "contradicted"}
+    assert verdicts["buffer_k_plus_3_best"] == {"not tested"}
+    for claim in (c.id for c in load_claims().claims if c.id != "buffer_k_plus_3_best"):
+        assert verdicts.get(claim) and verdicts[claim] <= tested, (claim, verdicts.get(claim))
+    assert "[claims.md](claims.md)" in report
     # What the console shows: the table, where the report is, how to open the store.
     assert markdown.strip() in printed
     assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed

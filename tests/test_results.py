@@ -16,11 +16,13 @@ import mlflow
 import pandas as pd
 import pytest
 from mlflow.entities import Metric, Param
+from scipy import stats as scipy_stats
 
 from results.aggregate import Stat
 from results.cli import main
 from results.paper import load_paper_numbers, paper_values
 from results.render import latex_escape
+from results.stats import format_p
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -66,6 +68,20 @@ def _cell_metrics(scheme, preset, ppl, zero_shot):
         "train/loss": [(s, 8.0 - s / 50 + ppl / 1000) for s in (10, 20, 30, 40, 50)],
         "probe/update/core1/mean": 0.5,
     }
+    if preset != "tiny" and scheme != "vanilla":  # the probes of today's runs; tiny's are an older run's
+        metrics.update(
+            {
+                "probe/update/core_balance": ppl / 20,
+                "probe/state_update/core1/mean": ppl / 30,
+                "probe/state_update/core_balance": ppl / 40,
+                "probe/cka_rbf/loop_mean": ppl / 10,
+                "probe/cka_rbf/floor": 0.7,
+                "probe/cka_rbf_debiased/loop_mean": ppl / 10 - 0.5,
+                "probe/cka_rbf_debiased/floor": 0.01,
+                "probe/erank/h1": 3 * ppl,
+                "probe/erank/h2": 3 * ppl + 1,
+            }
+        )
     if zero_shot is not None:
         metrics["eval/0shot/avg"] = zero_shot
         metrics["eval/5shot/avg"] = zero_shot + 0.01
@@ -162,6 +178,92 @@ def test_best_is_bold_and_second_underlined_per_block(synthetic):
     # the tiny block has its own ranking (one row: nothing to mark)
     tiny = _block_rows((synthetic / "table.md").read_text(), "tiny, compute depth 6")
     assert "**" not in " ".join(tiny["base 1+2R2+1"])
+
+
+def test_differences_carry_ci_p_and_test_in_md_tex_and_csv(synthetic):
+    vanilla, base = SYNTHETIC[0][4], SYNTHETIC[1][4]
+    mesh = SYNTHETIC[2][4]
+    paired = scipy_stats.ttest_rel(base, vanilla)  # both rows ran seeds 0, 1, 2
+    welch = scipy_stats.ttest_ind(mesh, base, equal_var=False)  # mesh ran seeds 0, 1 only
+    table = pd.read_csv(synthetic / "table.csv", dtype={"buffer_slots": str})
+    row = table[table.scheme == "base"].iloc[0]
+    assert row["delta_val_ppl_vs_vanilla"] == pytest.approx(statistics.fmean(base) - statistics.fmean(vanilla))
+    interval = paired.confidence_interval(0.95)
+    assert (row["ci_low_val_ppl_vs_vanilla"], row["ci_high_val_ppl_vs_vanilla"]) == pytest.approx(
+        (interval.low, interval.high)
+    )
+    assert (
+        row["p_val_ppl_vs_vanilla"] == pytest.approx(paired.pvalue)
+        and row["test_val_ppl_vs_vanilla"] == "paired t (n=3)"
+    )
+    row = table[(table.scheme == "mesh") & (table.buffer_slots == "5")].iloc[0]
+    interval = welch.confidence_interval(0.95)
+    assert (row["ci_low_val_ppl_vs_base"], row["ci_high_val_ppl_vs_base"]) == pytest.approx(
+        (interval.low, interval.high)
+    )
+    assert row["p_val_ppl_vs_base"] == pytest.approx(welch.pvalue) and row["test_val_ppl_vs_base"] == "Welch t"
+    one_seed = table[table.scheme == "anchor+anchor_emb"].iloc[0]  # n=1: the difference, no test
+    assert one_seed["delta_val_ppl_vs_base"] == pytest.approx(9.17 - 9.31) and math.isnan(one_seed["p_val_ppl_vs_base"])
+
+    rows = _block_rows((synthetic / "table.md").read_text(), "pythia-410m, compute depth 24")
+    header = rows["header"]
+    delta, p, test = (
+        header.index(f"{c} vs base{')' if c != 'ΔPPL' else ' (95% CI)'}") for c in ("ΔPPL", "p (PPL", "test (PPL")
+    )
+    mesh_cells = rows["mesh 4+8R2+4 5"]
+    assert mesh_cells[delta] == f"-0.280 \\[{interval.low:+.3f}, {interval.high:+.3f}\\]"
+    assert mesh_cells[p] == format_p(welch.pvalue) and mesh_cells[test] == "Welch t"
+    assert rows["anchor+anchor_emb 4+8R2+4"][delta] == "-0.140" and rows["anchor+anchor_emb 4+8R2+4"][test] == ""
+    assert rows["base 4+8R2+4"][delta] == "—"
+    assert rows["base 4+8R2+4"][header.index("test (PPL vs vanilla)")] == "paired t (n=3)"
+    markdown = (synthetic / "table.md").read_text()
+    assert "rank means only and do not say that a difference is significant" in markdown
+    assert "paired t-test on the per-seed differences" in markdown and "Welch-Satterthwaite" in markdown
+    tex = (synthetic / "table.tex").read_text()
+    assert r"$\Delta$PPL vs base (95\% CI) & p (PPL vs base) & test (PPL vs base)" in tex
+    assert "paired t (n=3)" in tex and "Welch t" in tex and f"-0.280 [{interval.low:+.3f}, {interval.high:+.3f}]" in tex
+
+
+def test_probe_table_cka_beside_its_floor_and_differences_vs_base(synthetic):
+    markdown = (synthetic / "probes.md").read_text()
+    rows = _block_rows(markdown, "pythia-410m, compute depth 24")
+    header = rows["header"]
+    for estimator in ("rbf", "rbf debiased"):
+        column = header.index(f"CKA {estimator} h(t),h(t+1)")
+        assert header[column + 1] == f"floor {estimator}"
+    assert "CKA linear h(t),h(t+1)" not in header  # not logged: no column
+    for name in ("core balance", "CKA rbf", "CKA rbf debiased", "erank"):
+        assert {f"Δ{name} vs base (95% CI)", f"p ({name} vs base)", f"test ({name} vs base)"} <= set(header)
+    assert {"update core1", "state update core1", "core balance", "state balance"} <= set(header)
+    assert "core update f(h) vs h" in markdown and "state update" in markdown and "null floor" in markdown
+    # an older run with only the update column renders, with a note on what its update may be
+    tiny = _block_rows(markdown, "tiny, compute depth 6")
+    assert tiny["base 1+2R2+1"][tiny["header"].index("update core1")] == "0.500 ± 0.000 (n=2)"
+    assert "Rows without state update columns (base 1+2R2+1)" in markdown
+
+    probes = pd.read_csv(synthetic / "probes.csv", dtype={"buffer_slots": str})
+    mesh = probes[(probes.scheme == "mesh") & (probes.buffer_slots == "5")].iloc[0]
+    base_ppl, mesh_ppl = SYNTHETIC[1][4], SYNTHETIC[2][4]
+    welch = scipy_stats.ttest_ind([p / 20 for p in mesh_ppl], [p / 20 for p in base_ppl], equal_var=False)
+    assert mesh["p_probe/update/core_balance_vs_base"] == pytest.approx(welch.pvalue)
+    assert mesh["test_probe/update/core_balance_vs_base"] == "Welch t"
+    erank = [statistics.fmean([3 * p, 3 * p + 1]) for p in mesh_ppl]
+    assert mesh["probe/erank/loop_mean_mean"] == pytest.approx(statistics.fmean(erank))
+    for column in ("delta", "ci_low", "ci_high", "p", "test"):
+        assert f"{column}_probe/cka_rbf_debiased/loop_mean_vs_base" in probes.columns
+    tex = (synthetic / "probes.tex").read_text()
+    assert r"CKA rbf h(t),h(t+1) & floor rbf" in tex and r"test (erank vs base)" in tex
+
+
+def test_report_links_and_summarises_the_claims(synthetic):
+    report = (synthetic / "report.md").read_text()
+    assert "[claims.md](claims.md)" in report and (synthetic / "claims.md").exists()
+    claims = report.split("## The paper's claims", 1)[1].split("\n## ", 1)[0]
+    assert (
+        "| `mesh_below_base` | pythia-410m, compute depth 24 | `mesh 4+8R2+4 B5` vs `base 4+8R2+4` | `val/pile/ppl` | holds |"
+        in claims
+    )
+    assert "best mean `mesh 4+8R2+4 B5`" in report and "(p = " in report  # the summary line carries its tests
 
 
 def test_paper_number_beside_the_matching_row(synthetic):

@@ -1,0 +1,160 @@
+"""Is one row's metric different from another's? Two-sided t-tests over seeds.
+
+:func:`compare` takes the per-run values of two rows (``{seed: value}``, or plain values) and
+returns a :class:`Comparison`: the difference of means (a - b), its 95% confidence interval and
+the two-sided p-value of
+
+* a **paired t-test** on the per-seed differences when both rows ran exactly the same seeds
+  (each seed once, at least two): ``paired t (n=3)``, df = n - 1;
+* otherwise **Welch's t-test** (unequal variances): ``Welch t``, with the Welch-Satterthwaite df.
+
+With fewer than two values on a side (fewer than two pairs), or no spread (a standard error of 0,
+or below the round-off of the values: nothing to scale the difference by), there is no test: only
+the difference.
+:func:`holm` adjusts a family of p-values (Holm's step-down method).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy.stats import t as student_t
+
+Sample = Mapping[str, float] | Sequence[float]
+CONFIDENCE = 0.95
+ALPHA = 0.05
+METHOD_SHORT = "paired t-test over seeds when both rows ran the same seeds, else Welch's t-test"
+METHOD = (
+    "two-sided t-test over seeds: a paired t-test on the per-seed differences when both rows ran the "
+    "same seeds (paired t (n=...)), else Welch's t-test (Welch t, Welch-Satterthwaite degrees of freedom); "
+    "95% confidence interval of the difference of means; no test when a row has fewer than two seeds, "
+    "or when there is no spread at all"
+)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """a - b over seeds; ``p`` is None (and ``test`` empty, ``reason`` says why) when untested."""
+
+    diff: float
+    ci_low: float | None
+    ci_high: float | None
+    p: float | None
+    test: str  # "paired t (n=3)" | "Welch t" | ""
+    n_a: int
+    n_b: int
+    reason: str = ""  # why there is no test: "n < 2" | "no spread"
+
+    @property
+    def tested(self) -> bool:
+        return self.p is not None
+
+    def scaled(self, factor: float) -> Comparison:
+        """The same comparison in other units (e.g. fractions -> % points); p and test unchanged."""
+
+        def scale(value: float | None) -> float | None:
+            return None if value is None else value * factor
+
+        return Comparison(
+            self.diff * factor,
+            scale(self.ci_low),
+            scale(self.ci_high),
+            self.p,
+            self.test,
+            self.n_a,
+            self.n_b,
+            self.reason,
+        )
+
+
+def _paired(a: Sample, b: Sample) -> list[tuple[float, float]] | None:
+    """(a, b) per seed when both are ``{seed: value}`` over the same seeds, else None."""
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping) or set(a) != set(b):
+        return None
+    return [(float(a[seed]), float(b[seed])) for seed in sorted(a)]
+
+
+def _untested(diff: float, n_a: int, n_b: int, reason: str) -> Comparison:
+    return Comparison(diff, None, None, None, "", n_a, n_b, reason)
+
+
+ROUND_OFF = 1e-12  # a standard error below this fraction of the values' magnitude is no spread
+
+
+def _t_result(
+    diff: float, se: float, scale: float, df: float, test: str, n_a: int, n_b: int, confidence: float
+) -> Comparison:
+    if not se > ROUND_OFF * scale or not math.isfinite(se):
+        return _untested(diff, n_a, n_b, "no spread")
+    statistic = diff / se
+    p = float(2.0 * student_t.sf(abs(statistic), df))
+    half = float(student_t.ppf(0.5 + confidence / 2.0, df)) * se
+    return Comparison(diff, diff - half, diff + half, min(p, 1.0), test, n_a, n_b)
+
+
+def compare(a: Sample, b: Sample, confidence: float = CONFIDENCE) -> Comparison:
+    """a - b: paired t-test when ``a`` and ``b`` map the same seeds to values, else Welch's t-test."""
+    pairs = _paired(a, b)
+    if pairs is not None and len(pairs) >= 2:
+        diffs = [x - y for x, y in pairs]
+        n = len(diffs)
+        diff = statistics.fmean(diffs)
+        se = statistics.stdev(diffs) / math.sqrt(n)
+        scale = max(abs(v) for pair in pairs for v in pair)
+        return _t_result(diff, se, scale, n - 1, f"paired t (n={n})", n, n, confidence)
+    xs = [float(v) for v in (a.values() if isinstance(a, Mapping) else a)]
+    ys = [float(v) for v in (b.values() if isinstance(b, Mapping) else b)]
+    if not xs or not ys:
+        raise ValueError("compare() needs at least one value on each side")
+    diff = statistics.fmean(xs) - statistics.fmean(ys)
+    if len(xs) < 2 or len(ys) < 2:
+        return _untested(diff, len(xs), len(ys), "n < 2")
+    va, vb = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(xs) - 1) + vb**2 / (len(ys) - 1)) if se > 0 else math.nan
+    scale = max(abs(v) for v in xs + ys)
+    return _t_result(diff, se, scale, df, "Welch t", len(xs), len(ys), confidence)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the order given: the k-th smallest of m is multiplied by m - k + 1,
+    then made monotone (never below an adjusted smaller one) and capped at 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def diff_text(comparison: Comparison, decimals: int) -> str:
+    """``-0.040 [-0.081, +0.001]`` (the difference and its 95% CI), or ``-0.040`` when untested."""
+    text = f"{comparison.diff:+.{decimals}f}"
+    if comparison.ci_low is not None and comparison.ci_high is not None:
+        text += f" [{comparison.ci_low:+.{decimals}f}, {comparison.ci_high:+.{decimals}f}]"
+    return text
+
+
+def format_p(p: float | None) -> str:
+    """``0.012``, or ``3.1e-05`` below 0.001; empty when there is no test."""
+    if p is None:
+        return ""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+__all__ = [
+    "ALPHA",
+    "CONFIDENCE",
+    "METHOD",
+    "METHOD_SHORT",
+    "Comparison",
+    "Sample",
+    "compare",
+    "diff_text",
+    "format_p",
+    "holm",
+]

@@ -1,0 +1,293 @@
+"""results.claims: the paper's claims file, the verdicts on synthetic runs built to give each one,
+and claims.md."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from results.aggregate import Row, aggregate
+from results.claims import (
+    AGREES,
+    CONTRADICTED,
+    DISAGREES,
+    HOLDS,
+    NOT_TESTED,
+    VERDICTS,
+    ClaimsError,
+    Line,
+    best_of_verdict,
+    evaluate,
+    load_claims,
+)
+from results.claims_md import write_claims
+from results.collect import RUN_COLUMNS, TAG_COLUMNS, add_main_set
+from results.stats import Comparison, compare, format_p
+
+COMMIT = "0123456789abcdef0123"
+# (preset, scheme, layout, B) -> {metric: value per seed 0, 1, 2}. Every PPL row ran seeds 0-2, so
+# PPL comparisons are paired.
+TINY, MINI = ("tiny", "1+2R2+1"), ("mini", "2+4R2+2")
+CELLS = {
+    ("tiny", "vanilla", "6", ""): {"ppl": [120.0, 125.0, 130.0]},
+    # base below vanilla by 1 on average, within noise: disagrees, not significant
+    ("tiny", "base", *TINY[1:], ""): {
+        "ppl": [119.0, 127.0, 126.0],
+        "probe/update/core_balance": [0.30, 0.35, 0.32],
+        "probe/cka_rbf/loop_mean": [0.990, 0.985, 0.990],
+        "probe/cka_rbf_debiased/loop_mean": [0.60, 0.50, 0.65],
+        "probe/erank/h1": [30.0, None, None],  # logged by one seed only: n=1, not tested
+        "probe/erank/h2": [28.0, None, None],
+    },
+    # MeSH: far below base (holds), barely below anchor (agrees, not significant), far above anchor* (contradicted)
+    ("tiny", "mesh", *TINY[1:], "5"): {
+        "ppl": [100.0, 101.0, 102.0],
+        "probe/update/core_balance": [0.80, 0.85, 0.90],
+        "probe/cka_rbf/loop_mean": [0.90, 0.92, 0.91],
+        "probe/cka_rbf_debiased/loop_mean": [0.60, 0.80, 0.50],  # above base: disagrees
+        "probe/erank/h1": [40.0, 42.0, 41.0],
+        "probe/erank/h2": [39.0, 40.0, 42.0],
+    },
+    ("tiny", "anchor", *TINY[1:], ""): {"ppl": [101.0, 110.0, 95.0]},
+    ("tiny", "anchor_emb", *TINY[1:], ""): {"ppl": [90.0, 91.0, 92.5]},
+    # mini: MeSH at B = K + 3 = 5 below base and below every other B
+    ("mini", "base", *MINI[1:], ""): {"ppl": [150.0, 152.0, 149.0]},
+    ("mini", "mesh", *MINI[1:], "3"): {"ppl": [130.0, 131.0, 133.0]},
+    ("mini", "mesh", *MINI[1:], "4"): {"ppl": [125.0, 127.0, 126.0]},
+    ("mini", "mesh", *MINI[1:], "5"): {"ppl": [110.0, 111.0, 112.5]},
+    ("mini", "mesh", *MINI[1:], "6"): {"ppl": [118.0, 119.0, 121.0]},
+}
+
+
+def runs_frame(cells=CELLS) -> pd.DataFrame:
+    """The frame :func:`results.collect.collect_runs` returns for these cells: one FINISHED run per
+    seed with its tags, params and final metrics (``val/shakespeare/{loss,ppl}``, ``val_loss``)."""
+    records = []
+    for (preset, scheme, layout, slots), metrics in cells.items():
+        for seed in range(3):
+            tags = dict.fromkeys(TAG_COLUMNS, "")
+            tags.update(preset=preset, scheme=scheme, layout=layout, seed=str(seed), buffer_slots=slots)
+            tags.update(config_hash=f"{preset}-{scheme}-{slots}-{seed}", git_commit=COMMIT)
+            record = {
+                "run_id": f"{preset}-{scheme}{slots}-s{seed}",
+                "run_name": f"{preset}-{scheme}{slots}-s{seed}",
+                "experiment": "claims",
+                "status": "FINISHED",
+                "start_time": pd.Timestamp("2026-01-01") + pd.Timedelta(minutes=len(records)),
+                "end_time": pd.Timestamp("2026-01-01") + pd.Timedelta(minutes=len(records) + 1),
+                **tags,
+                "params": {"model": preset, "scheme": scheme, "seed": str(seed), "data.corpus": "shakespeare"},
+            }
+            for metric, values in metrics.items():
+                value = values[seed]
+                if metric == "ppl":
+                    record.update({"val/shakespeare/ppl": value, "val/shakespeare/loss": math.log(value)})
+                    record["val_loss"] = math.log(value)
+                elif value is not None:
+                    record[metric] = value
+            records.append(record)
+    frame = pd.DataFrame.from_records(records)
+    assert set(RUN_COLUMNS) <= set(frame.columns)
+    return add_main_set(frame)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("claims")
+    results = aggregate(runs_frame())
+    path, evaluations = write_claims(results, out, "claims-test", ["claims"])
+    return path.read_text(), evaluations
+
+
+def _summary(text: str) -> list[dict[str, str]]:
+    """The rows of claims.md's summary table."""
+    section = text.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0]
+    lines = section.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
+
+
+def _verdicts(text: str) -> dict[tuple[str, str, str], str]:
+    """(claim, block, metric) -> verdict, from the summary table (one evaluation per key here)."""
+    found = {}
+    for row in _summary(text):
+        key = (row["claim"].strip("`"), row["block"].split(",")[0], row["metric"].split(" ")[0].strip("`"))
+        assert key not in found, key
+        found[key] = row["verdict"]
+    return found
+
+
+def _section(text: str, claim: str) -> str:
+    return text.split(f"## `{claim}`\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_each_verdict_from_runs_built_for_it(written):
+    text, _ = written
+    verdicts = _verdicts(text)
+    ppl = "val/shakespeare/ppl"
+    assert verdicts == {
+        ("mesh_below_base", "tiny", ppl): HOLDS,
+        ("mesh_below_base", "mini", ppl): HOLDS,
+        ("mesh_below_anchor", "tiny", ppl): AGREES,
+        ("mesh_below_anchor", "mini", ppl): NOT_TESTED,  # no anchor row in mini
+        ("mesh_below_anchor_emb", "tiny", ppl): CONTRADICTED,
+        ("mesh_below_anchor_emb", "mini", ppl): NOT_TESTED,
+        # anchor* is significantly better than MeSH after Holm's correction over the 3 comparisons
+        ("mesh_best_skip_combination", "tiny", ppl): CONTRADICTED,
+        ("mesh_best_skip_combination", "mini", ppl): HOLDS,  # against base, the only other scheme there
+        ("base_worse_than_vanilla", "tiny", ppl): DISAGREES,
+        ("base_worse_than_vanilla", "mini", ppl): NOT_TESTED,  # no vanilla row in mini
+        ("mesh_balances_core_updates", "tiny", "probe/update/core_balance"): HOLDS,
+        ("mesh_balances_core_updates", "mini", "probe/update/core_balance"): NOT_TESTED,  # not probed
+        ("mesh_lowers_loop_cka", "tiny", "probe/cka_rbf/loop_mean"): HOLDS,
+        ("mesh_lowers_loop_cka", "tiny", "probe/cka_rbf_debiased/loop_mean"): DISAGREES,  # also shown
+        ("mesh_lowers_loop_cka", "mini", "probe/cka_rbf/loop_mean"): NOT_TESTED,
+        ("mesh_flatter_loop_spectra", "tiny", "probe/erank/loop_mean"): NOT_TESTED,  # base: one seed
+        ("mesh_flatter_loop_spectra", "mini", "probe/erank/loop_mean"): NOT_TESTED,
+        ("buffer_k_plus_3_best", "tiny", ppl): NOT_TESTED,  # one B only
+        ("buffer_k_plus_3_best", "mini", ppl): HOLDS,  # B=5 below B=3, 4 and 6, each significantly
+    }
+    assert set(verdicts.values()) == set(VERDICTS)
+    assert "(also shown)" in next(r["metric"] for r in _summary(text) if "debiased" in r["metric"])
+
+
+def test_the_numbers_behind_a_verdict(written):
+    text, _ = written
+    mesh, base = CELLS[("tiny", "mesh", *TINY[1:], "5")]["ppl"], CELLS[("tiny", "base", *TINY[1:], "")]["ppl"]
+    expected = scipy_stats.ttest_rel(mesh, base)
+    interval = expected.confidence_interval(0.95)
+    line = next(x for x in _section(text, "mesh_below_base").splitlines() if x.startswith("| tiny"))
+    assert "101.0 ± 1.0 (n=3)" in line and "124.0 ± 4.4 (n=3)" in line  # means ± sample std, n
+    assert f"-23.0 [{interval.low:+.1f}, {interval.high:+.1f}]" in line
+    assert f"| {format_p(expected.pvalue)} | paired t (n=3) | holds |" in line
+    # a row with one seed: the difference, no test, and why
+    erank = next(x for x in _section(text, "mesh_flatter_loop_spectra").splitlines() if x.startswith("| tiny"))
+    assert "(n=1)" in erank and "not tested (n < 2)" in erank
+    # a claim no block can test says which row is missing
+    assert "not tested (no anchor row of the same layout in this block)" in _section(text, "mesh_below_anchor")
+
+
+def test_best_of_lists_every_comparison_with_holm(written):
+    text, evaluations = written
+    section = _section(text, "mesh_best_skip_combination")
+    assert "**contradicted** (significantly better after Holm's correction: `anchor_emb 1+2R2+1`)" in section
+    tiny = next(e for e in evaluations if e.claim.id == "mesh_best_skip_combination" and e.block.startswith("tiny"))
+    assert sorted(x.other.scheme for x in tiny.lines) == ["anchor", "anchor_emb", "base"]
+    raw = sorted(x.comparison.p for x in tiny.lines)
+    assert sorted(x.p_holm for x in tiny.lines) == pytest.approx(
+        [3 * raw[0], max(3 * raw[0], 2 * raw[1]), 1.0 * max(raw[2], 2 * raw[1])]
+    )
+    slots = _section(text, "buffer_k_plus_3_best")
+    assert "**holds** (3 of 3 comparisons significant in the paper's direction)" in slots
+    assert all(f"`mesh 2+4R2+2 B{b}`" in slots for b in (3, 4, 6)) and "`mesh 2+4R2+2 B5` 111.2 ± 1.3 (n=3)" in slots
+
+
+def test_header_names_the_tests_alpha_commit_and_generator(written):
+    text, _ = written
+    header = text.split("## Summary", 1)[0]
+    assert "Generated by `mesh-results`" in header and "experiments `claims`" in header
+    assert f"commit `{COMMIT[:12]}`" in header
+    assert "α = 0.05" in header and "paired t-test" in header and "Welch's t-test" in header
+    assert "intersection-union test" in header and "Holm" in header
+    assert all(f"**{v}**" in header for v in VERDICTS)
+
+
+def _row(scheme: str) -> Row:
+    return Row("tiny", scheme, "1+2R2+1", "", "", ["r"], ["0"], {})
+
+
+def test_best_of_holm_keeps_a_lone_raw_p_below_alpha_from_contradicting():
+    # three comparisons; another row is better with raw p = 0.03 < 0.05, but Holm's 3 x 0.03 is not
+    better = Comparison(0.5, 0.1, 0.9, 0.03, "Welch t", 3, 3)
+    worse = compare([1.0, 2.0, 3.0], [1.5, 2.2, 4.0])
+    lines = [
+        Line(_row("anchor"), better, CONTRADICTED, 0.09),
+        Line(_row("base"), worse, AGREES, 0.6),
+        Line(_row("residual"), worse, AGREES, 0.6),
+    ]
+    assert best_of_verdict(lines, "lower") == (
+        DISAGREES,
+        "not the best mean, no other row significantly better; 0 of 3 comparisons significant in the paper's direction",
+    )
+    lines[0] = Line(lines[0].other, better, CONTRADICTED, 0.04)
+    assert best_of_verdict(lines, "lower")[0] == CONTRADICTED
+    # every other row worse, but not every difference significant: agrees
+    assert best_of_verdict(lines[1:], "lower")[0] == AGREES
+
+
+def test_the_packaged_claims_file():
+    claims = load_claims()
+    assert claims.alpha == 0.05
+    ids = [c.id for c in claims.claims]
+    assert ids == [
+        "mesh_below_base",
+        "mesh_below_anchor",
+        "mesh_below_anchor_emb",
+        "mesh_best_skip_combination",
+        "base_worse_than_vanilla",
+        "mesh_balances_core_updates",
+        "mesh_lowers_loop_cka",
+        "mesh_flatter_loop_spectra",
+        "buffer_k_plus_3_best",
+    ]
+    cka = claims.claims[ids.index("mesh_lowers_loop_cka")]
+    assert cka.metric == "probe/cka_rbf/loop_mean" and cka.also == ("probe/cka_rbf_debiased/loop_mean",)
+
+
+GOOD = """
+claims:
+  - id: one
+    statement: MeSH is lower than base.
+    metric: ppl
+    expect: lower
+    kind: pairwise
+    row: {scheme: mesh}
+    against: {scheme: base}
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("expect: lower", "expect: less"), "claim 1 (one): field 'expect' is 'less'; allowed: lower, higher"),
+        (("kind: pairwise", "kind: pairs"), "field 'kind' is 'pairs'; allowed: pairwise, best_of"),
+        (("{scheme: base}", "{scheme: bse}"), "field 'scheme' is 'bse'; allowed: vanilla, same, use base, mesh"),
+        (("{scheme: base}", "{scheme: base, layuot: same}"), "field 'layuot' is 'same'; allowed: one of the fields"),
+        (("    metric: ppl\n", ""), "field 'metric' is None; allowed: it is required"),
+        (
+            ("{scheme: mesh}", "{scheme: mesh, buffer_slots: other}"),
+            "field 'buffer_slots' is 'other'; allowed: any, default",
+        ),
+        (("id: one", "id: One"), "field 'id' is 'One'; allowed: a new name of lowercase letters"),
+        (("claims:", "alpha: 5.0\nclaims:"), "field 'alpha' is 5.0; allowed: a number between 0 and 1"),
+        (("claims:", "claim:"), "field 'claim' is [{'id': 'one', "),
+        (("row: {scheme: mesh}", "row: [mesh"), "cannot be read"),
+    ],
+)
+def test_claims_file_errors_say_where_and_what_is_allowed(tmp_path, change, message):
+    path = tmp_path / "claims.yaml"
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(ClaimsError, match=None) as error:
+        load_claims(path)
+    assert str(error.value).startswith(f"{path}:") and message in str(error.value), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_duplicate_ids_are_an_error(tmp_path):
+    path = tmp_path / "claims.yaml"
+    entry = GOOD.split("claims:\n", 1)[1]
+    path.write_text("claims:\n" + entry + entry)
+    with pytest.raises(ClaimsError, match=r"claim 2 \(one\): field 'id' is 'one'"):
+        load_claims(path)
+
+
+def test_claims_are_evaluated_for_any_experiment_set():
+    # a set with no MeSH and no vanilla row: every claim is listed, none can be tested
+    frame = runs_frame({key: value for key, value in CELLS.items() if key[1] == "anchor"})
+    evaluations = evaluate(aggregate(frame))
+    assert {e.claim.id for e in evaluations} == {c.id for c in load_claims().claims}
+    assert {e.verdict for e in evaluations} == {NOT_TESTED}
+    assert any(e.reason == "no mesh row with B = K + 3 in these runs" for e in evaluations)

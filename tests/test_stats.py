@@ -1,0 +1,100 @@
+"""results.stats: the tests over seeds give scipy's p-values and confidence intervals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from results.aggregate import Stat
+from results.stats import compare, holm
+
+RNG = np.random.default_rng(0)
+
+
+def _seeded(values) -> dict[str, float]:
+    return {str(seed): float(v) for seed, v in enumerate(values)}
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_paired_test_is_scipys_ttest_rel(n):
+    a = RNG.normal(10.0, 1.0, n)
+    b = a + RNG.normal(0.5, 0.3, n)  # correlated with a, as two schemes trained on the same seeds
+    result = compare(_seeded(a), _seeded(b))
+    expected = scipy_stats.ttest_rel(a, b)
+    interval = expected.confidence_interval(0.95)
+    assert result.test == f"paired t (n={n})" and result.n_a == result.n_b == n
+    assert result.diff == pytest.approx(float(np.mean(a - b)))
+    assert result.p == pytest.approx(expected.pvalue, rel=1e-9)
+    assert (result.ci_low, result.ci_high) == pytest.approx((interval.low, interval.high), rel=1e-9)
+    # the same interval by hand: mean difference ± t_{0.975, n-1} x se
+    half = scipy_stats.t.ppf(0.975, n - 1) * np.std(a - b, ddof=1) / math.sqrt(n)
+    assert result.ci_high - result.diff == pytest.approx(half, rel=1e-9)
+
+
+@pytest.mark.parametrize(("n_a", "n_b"), [(2, 2), (3, 2), (5, 3), (4, 7)])
+def test_welch_test_is_scipys_unequal_variance_ttest(n_a, n_b):
+    a = RNG.normal(10.0, 0.5, n_a)
+    b = RNG.normal(10.4, 2.0, n_b)
+    result = compare(list(a), list(b))
+    expected = scipy_stats.ttest_ind(a, b, equal_var=False)
+    interval = expected.confidence_interval(0.95)
+    assert result.test == "Welch t" and (result.n_a, result.n_b) == (n_a, n_b)
+    assert result.diff == pytest.approx(float(np.mean(a) - np.mean(b)))
+    assert result.p == pytest.approx(expected.pvalue, rel=1e-9)
+    assert (result.ci_low, result.ci_high) == pytest.approx((interval.low, interval.high), rel=1e-9)
+    # Welch-Satterthwaite degrees of freedom
+    va, vb = np.var(a, ddof=1) / n_a, np.var(b, ddof=1) / n_b
+    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+    assert expected.df == pytest.approx(df)
+    assert result.ci_high - result.diff == pytest.approx(scipy_stats.t.ppf(0.975, df) * math.sqrt(va + vb))
+
+
+def test_pairing_only_when_the_seeds_match():
+    a, b = {"0": 1.0, "1": 2.0, "2": 3.5}, {"0": 0.5, "1": 1.9, "2": 2.0}
+    assert compare(a, b).test == "paired t (n=3)"
+    assert compare(a, {"0": 0.5, "1": 1.9, "7": 2.0}).test == "Welch t"  # a seed differs
+    assert compare(a, {"0": 0.5, "1": 1.9}).test == "Welch t"  # a seed is missing
+    assert compare(list(a.values()), list(b.values())).test == "Welch t"  # no seeds
+    # a row whose runs share a seed (no config hash to tell re-runs apart) cannot be paired
+    repeated = Stat((1.0, 1.2, 3.0), ("0", "0", "1"))
+    assert repeated.sample == (1.0, 1.2, 3.0)
+    assert Stat((1.0, 2.0), ("0", "1")).sample == {"0": 1.0, "1": 2.0}
+    paired = compare(Stat((1.0, 2.0, 3.5), ("0", "1", "2")).sample, Stat((0.5, 1.9, 2.0), ("0", "1", "2")).sample)
+    assert paired.p == pytest.approx(scipy_stats.ttest_rel([1.0, 2.0, 3.5], [0.5, 1.9, 2.0]).pvalue)
+
+
+def test_fewer_than_two_seeds_gives_no_test():
+    for a, b in (({"0": 1.0}, {"0": 2.0}), ([1.0], [2.0, 2.5]), ([1.0, 1.5, 2.0], [2.0])):
+        result = compare(a, b)
+        assert result.p is None and result.ci_low is None and result.test == "" and not result.tested
+        assert result.reason == "n < 2"
+        assert result.diff == pytest.approx(
+            np.mean(list(a.values() if isinstance(a, dict) else a))
+            - np.mean(list(b.values() if isinstance(b, dict) else b))
+        )
+
+
+def test_no_spread_gives_no_test():
+    constant = compare({"0": 2.0, "1": 3.0}, {"0": 1.0, "1": 2.0})  # every paired difference is 1
+    assert constant.diff == pytest.approx(1.0) and constant.p is None and constant.reason == "no spread"
+    assert compare([1.0, 1.0], [1.0, 1.0]).reason == "no spread"
+    # differences equal up to float round-off are no spread either (scipy would report p = 0)
+    assert compare({"0": 9.02, "1": 9.04}, {"0": 9.10, "1": 9.12}).reason == "no spread"
+
+
+def test_scaled_keeps_the_test():
+    result = compare([0.40, 0.41, 0.43], [0.38, 0.385, 0.39]).scaled(100.0)
+    base = compare([0.40, 0.41, 0.43], [0.38, 0.385, 0.39])
+    assert result.diff == pytest.approx(100 * base.diff) and result.ci_low == pytest.approx(100 * base.ci_low)
+    assert result.p == base.p and result.test == base.test
+
+
+def test_holm_adjustment():
+    # m = 3: the smallest p times 3, the next times 2, the largest times 1, kept monotone, capped at 1
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
