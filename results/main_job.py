@@ -44,6 +44,7 @@ def run_main_job(
     print()
     print((out_dir / "table.md").read_text())
     print(f"Report:  {out_dir / 'report.md'} (tables, figures and probes; table.tex and table.csv beside it)")
+    print(f"Claims:  {out_dir / 'claims.md'} (each claim of the paper these runs can test, with its verdict)")
     print(f"MLflow:  {Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {store}")
     print("         then open http://127.0.0.1:5000 (experiment 'schemes': one parent run, one child per cell)")
     return sweep_status
