@@ -13,7 +13,7 @@ Every dataclass has one ``validate()`` that raises a one-line :class:`ConfigErro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -95,17 +95,45 @@ class TrackingConfig:
 
 @dataclass
 class ProbeConfig:
-    """Hidden-state probes (experiments/probing/) on the first ``num_batches`` validation batches:
-    at the end of training, and after every ``every_n_validations``-th validation (0 = only at the end)."""
+    """Hidden-state probes (experiments/probing/) on held-out validation tokens: at the end of
+    training, and after every ``every_n_validations``-th validation (0 = only at the end).
+
+    A probe reads ``num_batches`` batches of ``data.batch_size`` samples; a sample is ``seq_len``
+    consecutive validation tokens, the L rows of every probed L x D matrix. The model reads each
+    sample in consecutive windows of ``data.seq_len`` tokens (one window when ``seq_len`` is
+    shorter), so it is never asked about a position beyond the length it was trained at, and no
+    window exceeds the model's ``max_seq_len`` (``plan_run`` checks ``data.seq_len`` against it): a
+    longer sample stacks the rows of several sequences, the validation windows themselves when
+    ``seq_len`` is a multiple of ``data.seq_len``.
+
+    ``seq_len`` null means max(``data.seq_len``, 512). The paper's (biased) RBF CKA reads about 0.82
+    between unrelated 128 x 64 matrices (the tiny preset at the CPU training length), 0.91 at
+    128 x 128 (mini): too close to the 0.9-0.99 measured between loop states to read as similarity.
+    At 512 x 64 it reads 0.54, at 512 x 128 0.71 (each run logs it as ``probe/cka_rbf/floor``), for
+    about 4x the probe's time at 128 (seconds on a CPU). Where training is longer (the paper's 4096)
+    the probes take the training length. ``debiased`` is obsolete: both CKA estimators are always
+    logged; setting it is an error.
+    """
 
     enabled: bool = True
     every_n_validations: int = 0
     num_batches: int = 2
-    debiased: bool = False
+    seq_len: int | None = None
+    debiased: bool | None = None
+    DEFAULT_MIN_SEQ_LEN: ClassVar[int] = 512
 
     def validate(self) -> None:
         _at_least("probes.num_batches", self.num_batches, 1)
         _at_least("probes.every_n_validations", self.every_n_validations, 0)
+        if self.seq_len is not None:
+            _at_least("probes.seq_len", self.seq_len, 4)  # the debiased CKA needs 4 rows
+        if self.debiased is not None:
+            allowed = "obsolete: the biased and the debiased CKA are both always logged (probe/cka_<kind>_debiased/...); drop it"
+            raise ConfigError("probes.debiased", self.debiased, allowed)
+
+    def resolved_seq_len(self, data_seq_len: int) -> int:
+        """The rows of every probed matrix: ``seq_len``, or max(``data_seq_len``, 512) when null."""
+        return self.seq_len if self.seq_len is not None else max(data_seq_len, self.DEFAULT_MIN_SEQ_LEN)
 
 
 @dataclass

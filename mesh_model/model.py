@@ -24,11 +24,16 @@ class ModelOutput:
     ``hidden_states`` (when asked for) maps stage names to (N, L, D) tensors in order:
     ``embedding`` (h_emb), ``prelude``, ``h0`` .. ``hK``, ``coda`` (before the final LayerNorm).
     A vanilla layout has ``embedding``, ``prelude`` (all its layers) and ``coda``.
+
+    ``core_outputs`` (asked for with the hidden states) maps ``f1`` .. ``fK`` to what core iteration
+    t returned, f(h(t-1)), before the state passing makes h(t) of it: the block's own output, which
+    the update probe compares with its input h(t-1). Empty for a vanilla layout.
     """
 
     logits: Tensor | None
     loss: Tensor | None = None
     hidden_states: dict[str, Tensor] | None = None
+    core_outputs: dict[str, Tensor] | None = None
 
 
 class MeshTransformer(nn.Module):
@@ -102,12 +107,14 @@ class MeshTransformer(nn.Module):
     ) -> ModelOutput:
         """``labels`` (same shape as ``input_ids``, -100 ignored) give the shifted next-token loss.
         With ``return_logits=False`` and labels, the loss comes from the hidden states in chunks
-        (:mod:`mesh_model.loss`) and the full logits are never formed: the training path."""
+        (:mod:`mesh_model.loss`) and the full logits are never formed: the training path.
+        ``return_hidden_states`` also returns each core iteration's output (``core_outputs``)."""
         seq_len = input_ids.shape[1]
         if seq_len > self.config.max_seq_len:
             raise ValueError(f"input length {seq_len} exceeds max_seq_len={self.config.max_seq_len}")
         rope = rotary_tables(seq_len, self.config.rotary_dims, self.config.rotary_base, input_ids.device)
         stages: dict[str, Tensor] = {}
+        core_outputs: dict[str, Tensor] = {}
 
         h_emb = self.embed_in(input_ids)
         if self.embedding_scale != 1.0:
@@ -121,9 +128,10 @@ class MeshTransformer(nn.Module):
             if return_hidden_states:
                 stages["h0"] = state.h
             for t, core_index in enumerate(self.core_schedule):
-                state = self.state_passing.step(t, self._run_core(core_index, state.h, rope), state)
+                core_out = self._run_core(core_index, state.h, rope)
+                state = self.state_passing.step(t, core_out, state)
                 if return_hidden_states:
-                    stages[f"h{t + 1}"] = state.h
+                    core_outputs[f"f{t + 1}"], stages[f"h{t + 1}"] = core_out, state.h
             h = self.state_passing.end(state)
 
         h = self.coda(h, rope)
@@ -131,16 +139,17 @@ class MeshTransformer(nn.Module):
             stages["coda"] = h
         h = self.final_layer_norm(h)
         hidden_states = stages if return_hidden_states else None
+        cores = core_outputs if return_hidden_states else None
         if labels is not None and not return_logits:
             loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed_out.weight, shifted_targets(labels))
-            return ModelOutput(logits=None, loss=loss, hidden_states=hidden_states)
+            return ModelOutput(logits=None, loss=loss, hidden_states=hidden_states, core_outputs=cores)
         logits = self.embed_out(h)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(), shifted_targets(labels), ignore_index=IGNORE_INDEX
             )
-        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden_states)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden_states, core_outputs=cores)
 
     def _run_core(self, core_index: int, h: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         core = self.cores[core_index]

@@ -5,21 +5,35 @@ L token positions are its rows (the examples of CKA). Statistics are computed in
 
 Choices, made once here:
 
-* Blocks (:func:`update_magnitudes`): ``prelude`` maps ``embedding -> prelude``; core iteration
-  ``core{t}`` maps ``h{t-1} -> h{t}``, so for MeSH (and every scheme) the update includes the state
-  passing of that step, not just f_core; ``coda`` maps ``h{K} -> coda``. MeSH's transition
-  ``prelude -> h0`` (the first buffer read) belongs to no block. A vanilla layout has ``prelude``
-  (``embedding -> prelude``) and ``coda`` (``prelude -> coda``). An empty stack (0 layers) has update 0.
+* Update of a block (:func:`update_blocks`): the paper's 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F)
+  between the block's own input and output. ``prelude`` maps ``embedding -> prelude``; core
+  iteration ``core{t}`` maps its input h(t-1) to its output ``f{t}`` = f(h(t-1)) (the model's
+  ``core_outputs``), before the state passing; ``coda`` maps ``h{K} -> coda`` (every scheme, MeSH
+  included, hands h(K) to the coda). A vanilla layout has ``prelude`` (``embedding -> prelude``) and
+  ``coda`` (``prelude -> coda``). An empty stack (0 layers) has update 0.
+* State update (:func:`state_update_blocks`): the same measure between consecutive loop states,
+  ``core{t}`` maps h(t-1) -> h(t), so it includes what the scheme adds to f (for ``residual``,
+  h(t) = f + h(t-1), it is about 2/3 whatever f does). Logged beside the update, never instead of it.
+  MeSH's transition ``prelude -> h0`` (the first buffer read) belongs to no block.
 * Spread over samples is the population standard deviation (ddof=0): it describes the samples,
   and one sample has std 0.
 * Stages (:func:`paper_stages`, used by :func:`probe_report`): the paper's ``embedding, h0..hK, coda``
   (h_emb, h(0)..h(K), h_out), plus ``prelude`` right before ``h0`` only when it differs from ``h0``
   (MeSH reads h(0) from its buffer; every other scheme has h(0) = prelude output). Vanilla:
-  ``embedding, prelude, coda``.
-* CKA (Kornblith et al. 2019): Gram matrices over the L rows, centred with H = I - 11^T/L,
-  CKA = <HKH, HLH>_F / (||HKH||_F ||HLH||_F). The RBF bandwidth is sigma = sigma_fraction x the
-  median of the non-zero pairwise Euclidean distances between rows, taken separately for each
-  matrix (so RBF CKA is invariant to isotropic scaling). CKA is NaN where a centred Gram is zero.
+  ``embedding, prelude, coda``. Core outputs are not stages.
+* CKA (Kornblith et al. 2019), four estimators (:data:`ESTIMATORS`): Gram matrices over the L rows,
+  RBF or linear, centred with H = I - 11^T/L, CKA = <HKH, HLH>_F / (||HKH||_F ||HLH||_F) (the
+  paper's, "biased"), or with the unbiased HSIC of Song et al. (2012) ("debiased"). The RBF
+  bandwidth is sigma = sigma_fraction x the median of the non-zero pairwise Euclidean distances
+  between rows, taken separately for each matrix (so RBF CKA is invariant to isotropic scaling).
+  CKA is NaN where a centred Gram is zero.
+* CKA floors (:func:`cka_floors`): the biased estimators are far above 0 for unrelated matrices
+  when D is not small against L (RBF ~0.82 at L=128, D=64; ~0.54 at L=512). The floor of an
+  estimator is its mean over ``FLOOR_DRAWS`` seeded draws of two independent standard Gaussian
+  L x D matrices. Every stage of a model has the same shape L x D, so one floor per estimator
+  serves every pair. It is a reference, not an offset: isotropic rows carry much of the bias,
+  states of lower effective rank less, so a biased value near (even below) the floor need not mean
+  unrelated states; the debiased estimators (floor ~0) say how related they are.
 * Spectra: singular values of the raw (not centred) L x D matrix, normalised sigma_i / sigma_0,
   the first ``top`` kept and padded with NaN when min(L, D) < top. Effective rank: Roy & Vetterli
   (2007), exp of the Shannon entropy of p_i = sigma_i / sum(sigma) over all singular values.
@@ -27,6 +41,7 @@ Choices, made once here:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +50,10 @@ import torch
 from torch import Tensor, nn
 
 _LOOP_STAGE = re.compile(r"^h(\d+)$")
+_CORE_OUTPUT = re.compile(r"^f\d+$")
+ESTIMATORS = ("rbf", "rbf_debiased", "linear", "linear_debiased")  # rbf: the paper's
+FLOOR_DRAWS = 8
+FLOOR_SEED = 0
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -63,18 +82,26 @@ def relative_update(h_in: Tensor, h_out: Tensor) -> Tensor:
 
 
 def update_blocks(stages: Mapping[str, Tensor]) -> dict[str, tuple[str, str]]:
-    """Block name -> (input stage, output stage); see the module docstring."""
+    """Block name -> (its input, its output): ``core{t}`` is h{t-1} -> f{t}; see the module docstring."""
     loops = _loops(stages)
     if loops is None:
         return {"prelude": ("embedding", "prelude"), "coda": ("prelude", "coda")}
     blocks = {"prelude": ("embedding", "prelude")}
-    blocks.update({f"core{t}": (f"h{t - 1}", f"h{t}") for t in range(1, loops + 1)})
+    blocks.update({f"core{t}": (f"h{t - 1}", f"f{t}") for t in range(1, loops + 1)})
     blocks["coda"] = (f"h{loops}", "coda")
     return blocks
 
 
-def _per_sample_updates(stages: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    return {block: relative_update(stages[a], stages[b]).reshape(-1) for block, (a, b) in update_blocks(stages).items()}
+def state_update_blocks(stages: Mapping[str, Tensor]) -> dict[str, tuple[str, str]]:
+    """Core iteration -> (h{t-1}, h{t}): the state-to-state step, state passing included."""
+    return {f"core{t}": (f"h{t - 1}", f"h{t}") for t in range(1, (_loops(stages) or 0) + 1)}
+
+
+def _per_sample_updates(stages: Mapping[str, Tensor], blocks: Mapping[str, tuple[str, str]]) -> dict[str, Tensor]:
+    missing = sorted({name for pair in blocks.values() for name in pair} - set(stages))
+    if missing:
+        raise ValueError(f"update probes need the stages {missing}: pass {{**out.hidden_states, **out.core_outputs}}")
+    return {block: relative_update(stages[a], stages[b]).reshape(-1) for block, (a, b) in blocks.items()}
 
 
 def _mean_std(values: Tensor) -> tuple[float, float]:
@@ -82,51 +109,89 @@ def _mean_std(values: Tensor) -> tuple[float, float]:
 
 
 def update_magnitudes(stages: Mapping[str, Tensor]) -> dict[str, tuple[float, float]]:
-    """Block -> (mean, population std) of the relative update over samples: ``prelude``,
-    ``core1``..``coreK``, ``coda`` (vanilla: ``prelude``, ``coda``)."""
-    return {block: _mean_std(values) for block, values in _per_sample_updates(stages).items()}
+    """Block -> (mean, population std) over samples of the block's own update: ``prelude``,
+    ``core1``..``coreK``, ``coda`` (vanilla: ``prelude``, ``coda``). ``stages`` holds the hidden
+    states and the core outputs, ``{**out.hidden_states, **out.core_outputs}``."""
+    return {block: _mean_std(v) for block, v in _per_sample_updates(stages, update_blocks(stages)).items()}
+
+
+def state_update_magnitudes(stages: Mapping[str, Tensor]) -> dict[str, tuple[float, float]]:
+    """``core{t}`` -> (mean, population std) of the state update h(t-1) -> h(t); {} for vanilla."""
+    return {block: _mean_std(v) for block, v in _per_sample_updates(stages, state_update_blocks(stages)).items()}
 
 
 # ---------------------------------------------------------------- CKA
 
 
-def _centred_gram(x: Tensor, kind: str, sigma_fraction: float, debiased: bool = False) -> Tensor:
-    """(..., L, D) -> (..., L, L) Gram matrix over rows, centred on both sides (H K H)."""
+def _estimator(kind: str, debiased: bool) -> str:
+    return f"{kind}_debiased" if debiased else kind
+
+
+def _kernel(x: Tensor, kind: str, sigma_fraction: float) -> Tensor:
+    """(..., L, D) -> (..., L, L) uncentred Gram matrix over rows."""
     x = _f64(x)
     if kind == "linear":
-        gram = x @ x.transpose(-1, -2)
-    elif kind == "rbf":
-        # Exact differences (not the |a|^2+|b|^2-2ab expansion), so repeated rows are exactly 0 apart.
-        dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
-        sigma = sigma_fraction * _nonzero_median(dist)
-        gram = torch.exp(-(dist**2) / (2 * sigma[..., None, None] ** 2))
-    else:
-        raise ValueError(f"unknown CKA kind {kind!r}; use 'rbf' or 'linear'")
+        return x @ x.transpose(-1, -2)
+    if kind == "rbf":
+        squared = _squared_distances(x)
+        sigma = sigma_fraction * _nonzero_median(squared, squared=True)
+        return squared.mul_(-1 / (2 * sigma[..., None, None] ** 2)).exp_()
+    raise ValueError(f"unknown CKA kind {kind!r}; use 'rbf' or 'linear'")
+
+
+def _squared_distances(x: Tensor) -> Tensor:
+    """(..., L, D) -> (..., L, L) squared Euclidean distances by one matmul (the probes' hot spot);
+    equal rows (a repeated token in the embedding stage) are set exactly 0 apart, so the median
+    leaves them out."""
+    sq = (x * x).sum(-1)
+    squared = (sq[..., :, None] + sq[..., None, :]).sub_(x @ x.transpose(-1, -2), alpha=2).clamp_min_(0)
+    for rows, matrix in zip(x.reshape(-1, *x.shape[-2:]), squared.view(-1, *squared.shape[-2:]), strict=True):
+        distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        if len(distinct) < len(rows):
+            matrix.masked_fill_(inverse[:, None] == inverse[None, :], 0.0)
+        matrix.fill_diagonal_(0.0)
+    return squared
+
+
+def _centre(gram: Tensor, debiased: bool) -> Tensor:
+    """H K H (biased) or the U-statistic form of Kornblith's reference code (Szekely & Rizzo 2014):
+    zero diagonal, then inner products of these matrices are n(n-3) times the unbiased HSIC."""
     if not debiased:
-        return gram - gram.mean(-1, keepdim=True) - gram.mean(-2, keepdim=True) + gram.mean((-1, -2), keepdim=True)
-    # The U-statistic form of Kornblith's reference code (Szekely & Rizzo 2014): zero diagonal, then
-    # inner products of these matrices are n(n-3) times the unbiased HSIC of Song et al. (2012).
+        centred = gram - gram.mean(-1, keepdim=True)
+        return centred.sub_(centred.mean(-2, keepdim=True))
     n = gram.shape[-1]
     if n < 4:
         raise ValueError(f"debiased CKA needs at least 4 rows (tokens), got {n}")
-    gram = gram * (1 - torch.eye(n, dtype=gram.dtype, device=gram.device))
+    gram = gram.clone()
+    gram.diagonal(dim1=-2, dim2=-1).zero_()
     means = gram.sum(-2) / (n - 2)
     means = means - means.sum(-1, keepdim=True) / (2 * (n - 1))
     gram = gram - means[..., :, None] - means[..., None, :]
-    return gram * (1 - torch.eye(n, dtype=gram.dtype, device=gram.device))
+    gram.diagonal(dim1=-2, dim2=-1).zero_()
+    return gram
 
 
-def _nonzero_median(dist: Tensor) -> Tensor:
-    """Median of the non-zero off-diagonal entries of (..., L, L) distance matrices, shape (...)."""
+def _centred_gram(x: Tensor, kind: str, sigma_fraction: float, debiased: bool = False) -> Tensor:
+    """(..., L, D) -> (..., L, L) Gram matrix over rows, centred for the chosen estimator."""
+    return _centre(_kernel(x, kind, sigma_fraction), debiased)
+
+
+def _nonzero_median(dist: Tensor, squared: bool = False) -> Tensor:
+    """Median of the non-zero off-diagonal entries of (..., L, L) distance matrices, shape (...);
+    ``squared``: the matrices hold squared distances, the median is still of the distances.
+
+    One selection (``kthvalue``) per matrix instead of a sort: zeros come first, so the median of
+    the non-zero entries sits at an offset of their count. NaN where there is none (one row)."""
     rows, cols = torch.triu_indices(dist.shape[-1], dist.shape[-1], offset=1, device=dist.device)
-    pairs = dist[..., rows, cols]
-    if pairs.shape[-1] == 0:  # a single row has no pairs
-        return dist.new_full(dist.shape[:-2], torch.nan)
-    count = (pairs > 0).sum(-1, keepdim=True)
-    ordered = torch.where(pairs > 0, pairs, torch.inf).sort(-1).values  # non-zero first
-    low = ordered.gather(-1, ((count - 1) // 2).clamp_min(0))
-    high = ordered.gather(-1, count // 2)
-    return torch.where(count > 0, (low + high) / 2, torch.nan).squeeze(-1)
+    pairs = dist[..., rows, cols].reshape(dist.shape[:-2].numel(), len(rows))
+    medians = dist.new_full((pairs.shape[0],), torch.nan)
+    for i, values in enumerate(pairs):
+        zeros = int((values == 0).sum())
+        count = len(values) - zeros
+        if count:
+            middle = torch.stack([values.kthvalue(zeros + k + 1).values for k in {(count - 1) // 2, count // 2}])
+            medians[i] = (middle.sqrt() if squared else middle).mean()
+    return medians.reshape(dist.shape[:-2])
 
 
 def _cka_from_grams(kx: Tensor, ky: Tensor) -> Tensor:
@@ -152,23 +217,36 @@ def rbf_cka(x: Tensor, y: Tensor, sigma_fraction: float = 0.5, debiased: bool = 
     L rows, computed separately for x and for y (and for each sample); repeated rows (distance 0,
     e.g. a repeated token in the embedding stage) are left out of the median. ``debiased``: see
     :func:`linear_cka`; the plain RBF estimator's floor for independent inputs is high when D is not
-    small against L (about 0.7 for L=256, D=64 at fraction 0.5).
+    small against L (see :func:`cka_floors`).
     """
     kx = _centred_gram(x, "rbf", sigma_fraction, debiased)
     return _cka_from_grams(kx, _centred_gram(y, "rbf", sigma_fraction, debiased))
 
 
-def _per_sample_cka(stages: Mapping[str, Tensor], kind: str, sigma_fraction: float, debiased: bool) -> Tensor:
-    """(N, S, S) CKA matrices, one sample at a time so memory stays at S Gram matrices of L x L."""
+def _cka_matrix(grams: list[Tensor]) -> Tensor:
+    """(S, S) CKA between S centred Gram matrices of one sample, unit diagonal."""
+    flat = torch.stack([g.flatten() for g in grams])
+    products = flat @ flat.T
+    norms = products.diagonal().sqrt()
+    return (products / (norms[:, None] * norms[None, :])).fill_diagonal_(1.0)
+
+
+def _per_sample_cka(
+    stages: Mapping[str, Tensor], sigma_fraction: float, estimators: Iterable[str] = ESTIMATORS
+) -> dict[str, Tensor]:
+    """Estimator -> (N, S, S) CKA matrices, one sample at a time (memory: 2 S Gram matrices of
+    L x L); each kind's kernel is computed once per stage and centred for both of its estimators."""
     tensors = [_f64(t).reshape(-1, *t.shape[-2:]) for t in stages.values()]
-    out = []
+    wanted = list(estimators)
+    out: dict[str, list[Tensor]] = {e: [] for e in wanted}
     for i in range(tensors[0].shape[0]):
-        grams = torch.stack([_centred_gram(t[i], kind, sigma_fraction, debiased).flatten() for t in tensors])
-        grams = grams / torch.linalg.vector_norm(grams, dim=-1, keepdim=True)
-        matrix = grams @ grams.T
-        matrix.fill_diagonal_(1.0)
-        out.append(matrix)
-    return torch.stack(out)
+        for kind in ("rbf", "linear"):
+            names = [e for e in wanted if e in (kind, f"{kind}_debiased")]
+            if names:
+                kernels = [_kernel(t[i], kind, sigma_fraction) for t in tensors]
+                for name in names:
+                    out[name].append(_cka_matrix([_centre(k, name.endswith("_debiased")) for k in kernels]))
+    return {name: torch.stack(matrices) for name, matrices in out.items()}
 
 
 def pairwise_cka(
@@ -179,8 +257,29 @@ def pairwise_cka(
     Returns the stage names and an (S, S) symmetric matrix with unit diagonal. Pass
     :func:`paper_stages` of a model's hidden states for the paper's figure.
     """
+    if kind not in ("rbf", "linear"):
+        raise ValueError(f"unknown CKA kind {kind!r}; use 'rbf' or 'linear'")
+    name = _estimator(kind, debiased)
     with torch.no_grad():
-        return list(stages), _per_sample_cka(stages, kind, sigma_fraction, debiased).mean(0)
+        return list(stages), _per_sample_cka(stages, sigma_fraction, [name])[name].mean(0)
+
+
+def cka_floors(
+    rows: int, dim: int, sigma_fraction: float = 0.5, draws: int = FLOOR_DRAWS, seed: int = FLOOR_SEED
+) -> dict[str, float]:
+    """Estimator -> its mean over ``draws`` pairs of independent standard Gaussian ``rows`` x ``dim``
+    matrices: what CKA reads for unrelated states of the probed shape. Seeded with its own generator
+    (the global RNG is left alone) and cached, so a run computes it once per shape."""
+    return dict(_cka_floors(rows, dim, sigma_fraction, draws, seed))
+
+
+@functools.lru_cache(maxsize=32)
+@torch.no_grad()
+def _cka_floors(rows: int, dim: int, sigma_fraction: float, draws: int, seed: int) -> tuple[tuple[str, float], ...]:
+    generator = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(2, draws, rows, dim, generator=generator, dtype=torch.float64)
+    values = [_per_sample_cka({"x": x[i], "y": y[i]}, sigma_fraction) for i in range(draws)]
+    return tuple((e, torch.stack([v[e][0, 0, 1] for v in values]).mean().item()) for e in ESTIMATORS)
 
 
 # ---------------------------------------------------------------- spectra and effective rank
@@ -219,10 +318,20 @@ def effective_ranks(stages: Mapping[str, Tensor]) -> dict[str, float]:
 
 
 def paper_stages(stages: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The stages the CKA and spectra figures use: drop ``prelude`` when it equals ``h0``."""
-    if "h0" in stages and "prelude" in stages and torch.equal(stages["prelude"], stages["h0"]):
-        return {name: x for name, x in stages.items() if name != "prelude"}
-    return dict(stages)
+    """The stages the CKA and spectra figures use: drop ``prelude`` when it equals ``h0``, and core
+    outputs ``f{t}`` if the mapping has them."""
+    kept = {name: x for name, x in stages.items() if not _CORE_OUTPUT.match(name)}
+    if "h0" in kept and "prelude" in kept and torch.equal(kept["prelude"], kept["h0"]):
+        return {name: x for name, x in kept.items() if name != "prelude"}
+    return kept
+
+
+def _balance(updates: Mapping[str, tuple[float, float]], loops: int) -> float | None:
+    """min / max of the core iterations' mean updates (1 = balanced); None without all of them."""
+    cores = [updates[f"core{t}"][0] for t in range(1, loops + 1) if f"core{t}" in updates]
+    if len(cores) != loops or not cores:
+        return None
+    return min(cores) / max(cores) if max(cores) > 0 else 1.0
 
 
 @dataclass
@@ -230,25 +339,31 @@ class ProbeReport:
     """All three probes over a fixed set of held-out samples (means over samples)."""
 
     stages: list[str]  # order of the CKA matrices, see paper_stages
-    updates: dict[str, tuple[float, float]]  # block -> (mean, population std)
-    cka_rbf: Tensor  # (S, S)
-    cka_linear: Tensor  # (S, S)
+    updates: dict[str, tuple[float, float]]  # block -> (mean, population std) of its own update
+    state_updates: dict[str, tuple[float, float]]  # core{t} -> the same of h(t-1) -> h(t)
+    cka_matrices: dict[str, Tensor]  # estimator (ESTIMATORS) -> (S, S)
+    cka_floors: dict[str, float]  # estimator -> its value for unrelated L x D matrices
     spectra: dict[str, Tensor]  # stage -> (top,), NaN-padded
     effective_ranks: dict[str, float]
     samples: int
     top: int = 50
     sigma_fraction: float = 0.5
-    debiased: bool = False
     loops: int | None = field(default=None)  # K; None for a vanilla layout
+    seq_len: int | None = None  # L, the rows (tokens) of every probed matrix
 
     @property
     def loop_pairs(self) -> list[tuple[str, str]]:
         """Consecutive loop states (h(t), h(t+1)), t = 0..K-1."""
         return [(f"h{t}", f"h{t + 1}") for t in range(self.loops or 0)]
 
-    def cka(self, a: str, b: str, kind: str = "rbf") -> float:
-        matrix = self.cka_rbf if kind == "rbf" else self.cka_linear
-        return matrix[self.stages.index(a), self.stages.index(b)].item()
+    def cka(self, a: str, b: str, estimator: str = "rbf") -> float:
+        """CKA of stages ``a`` and ``b`` by ``estimator`` (one of :data:`ESTIMATORS`)."""
+        return self.cka_matrices[estimator][self.stages.index(a), self.stages.index(b)].item()
+
+    def loop_mean(self, estimator: str = "rbf") -> float:
+        """Mean CKA of consecutive loop states h(t), h(t+1); NaN for a vanilla layout."""
+        pairs = [self.cka(a, b, estimator) for a, b in self.loop_pairs]
+        return sum(pairs) / len(pairs) if pairs else float("nan")
 
     def last_singular_value(self, stage: str) -> float:
         """The ``top``-th normalised singular value, or the last one the stage has."""
@@ -257,28 +372,70 @@ class ProbeReport:
         return values[-1].item() if len(values) else float("nan")
 
     def as_metrics(self) -> dict[str, float]:
-        """Flat MLflow metric names: ``probe/update/<block>/{mean,std}``, ``probe/cka_{rbf,linear}/<a>/<b>``
-        (upper triangle), ``probe/erank/<stage>``, ``probe/sv<top>/<stage>``; for looped layouts also
-        ``probe/cka_{rbf,linear}/loop_mean`` (mean CKA of h(t), h(t+1)) and ``probe/update/core_balance``
-        (min / max of the core iterations' mean updates, 1 = balanced)."""
+        """Flat MLflow metric names (``<est>`` is each of :data:`ESTIMATORS`: ``rbf`` (the paper's),
+        ``rbf_debiased``, ``linear``, ``linear_debiased``):
+
+        * ``probe/samples``; ``probe/seq_len`` (L, when known);
+        * ``probe/update/<block>/{mean,std}``, block = ``prelude``, ``core1``..``coreK``, ``coda``:
+          the block's own update, core update f(h) vs h;
+        * ``probe/state_update/core<t>/{mean,std}``: the state update h(t-1) -> h(t);
+        * ``probe/update/core_balance``, ``probe/state_update/core_balance``: min / max of the core
+          iterations' mean (state) updates, 1 = balanced (looped layouts);
+        * ``probe/cka_<est>/<a>/<b>`` for every pair of stages (upper triangle), ``probe/cka_<est>/loop_mean``
+          (mean CKA of h(t), h(t+1); looped layouts) and ``probe/cka_<est>/floor`` (the estimator on
+          unrelated L x D Gaussian matrices);
+        * ``probe/erank/<stage>`` and ``probe/sv<top>/<stage>`` (the ``top``-th normalised singular value).
+        """
         metrics: dict[str, float] = {"probe/samples": float(self.samples)}
-        for block, (mean, std) in self.updates.items():
-            metrics[f"probe/update/{block}/mean"] = mean
-            metrics[f"probe/update/{block}/std"] = std
-        for kind in ("rbf", "linear"):
+        if self.seq_len is not None:
+            metrics["probe/seq_len"] = float(self.seq_len)
+        for prefix, updates in (("update", self.updates), ("state_update", self.state_updates)):
+            for block, (mean, std) in updates.items():
+                metrics[f"probe/{prefix}/{block}/mean"] = mean
+                metrics[f"probe/{prefix}/{block}/std"] = std
+            balance = _balance(updates, self.loops or 0)
+            if balance is not None:
+                metrics[f"probe/{prefix}/core_balance"] = balance
+        for estimator in self.cka_matrices:
             for i, a in enumerate(self.stages):
                 for b in self.stages[i + 1 :]:
-                    metrics[f"probe/cka_{kind}/{a}/{b}"] = self.cka(a, b, kind)
+                    metrics[f"probe/cka_{estimator}/{a}/{b}"] = self.cka(a, b, estimator)
             if self.loops:
-                pairs = [self.cka(a, b, kind) for a, b in self.loop_pairs]
-                metrics[f"probe/cka_{kind}/loop_mean"] = sum(pairs) / len(pairs)
+                metrics[f"probe/cka_{estimator}/loop_mean"] = self.loop_mean(estimator)
+        for estimator, floor in self.cka_floors.items():
+            metrics[f"probe/cka_{estimator}/floor"] = floor
         for stage in self.stages:
             metrics[f"probe/erank/{stage}"] = self.effective_ranks[stage]
             metrics[f"probe/sv{self.top}/{stage}"] = self.last_singular_value(stage)
-        if self.loops:
-            cores = [self.updates[f"core{t}"][0] for t in range(1, self.loops + 1)]
-            metrics["probe/update/core_balance"] = min(cores) / max(cores) if max(cores) > 0 else 1.0
         return metrics
+
+
+def _hidden(model: nn.Module, input_ids: Tensor, window: int | None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Hidden states and core outputs of (N, P) ids, the model reading each row in consecutive
+    windows of at most ``window`` tokens (None: whole), joined back along the rows."""
+    parts = [model(chunk, return_hidden_states=True) for chunk in input_ids.split(window or input_ids.shape[1], 1)]
+    if parts[0].hidden_states is None:
+        raise ValueError("the model returned no hidden states (return_hidden_states=True)")
+
+    def joined(key: str) -> dict[str, Tensor]:
+        named = [getattr(p, key) or {} for p in parts]
+        return {name: torch.cat([n[name] for n in named], dim=-2) for name in named[0]}
+
+    return joined("hidden_states"), joined("core_outputs")
+
+
+class _Collected:
+    """Per-sample values of every batch, concatenated at the end (so batching does not matter)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, list[Tensor]]] = {}
+
+    def add(self, group: str, values: Mapping[str, Tensor]) -> None:
+        for key, value in values.items():
+            self.values.setdefault(group, {}).setdefault(key, []).append(value.cpu())
+
+    def get(self, group: str) -> dict[str, Tensor]:
+        return {key: torch.cat(parts) for key, parts in self.values.get(group, {}).items()}
 
 
 @torch.no_grad()
@@ -287,10 +444,13 @@ def probe_report(
     batches: Iterable[Tensor],
     top: int = 50,
     sigma_fraction: float = 0.5,
-    debiased: bool = False,
+    window: int | None = None,
 ) -> ProbeReport:
     """Run ``model`` (eval mode, no grad) on each batch of input ids and collect all three probes.
 
+    Each row of a batch is one sample. ``window`` (e.g. the training length) makes the model read a
+    row in consecutive windows of at most that many tokens, so a sample longer than the model was
+    trained on stacks the rows of several sequences instead of asking about unseen positions.
     Per-sample values are gathered batch by batch (hidden states are dropped after each batch), so
     the result is the same however the samples are split into batches. The model's training mode
     is restored afterwards.
@@ -300,45 +460,46 @@ def probe_report(
     device = next(model.parameters()).device
     names: list[str] | None = None
     loops: int | None = None
-    updates: dict[str, list[Tensor]] = {}
-    collected: dict[str, list[Tensor]] = {"rbf": [], "linear": [], "spectra": [], "erank": []}
+    shape: tuple[int, int] = (0, 0)
+    collected = _Collected()
     try:
         for input_ids in batches:
-            hidden = model(input_ids.to(device), return_hidden_states=True).hidden_states
-            if hidden is None:
-                raise ValueError("the model returned no hidden states (return_hidden_states=True)")
-            for block, values in _per_sample_updates(hidden).items():
-                updates.setdefault(block, []).append(values.cpu())
+            hidden, cores = _hidden(model, input_ids.to(device), window)
+            collected.add("updates", _per_sample_updates({**hidden, **cores}, update_blocks(hidden)))
+            collected.add("state_updates", _per_sample_updates(hidden, state_update_blocks(hidden)))
             if names is None:  # fixed by the first batch, so every batch yields the same stages
-                names, loops = list(paper_stages(hidden)), _loops(hidden)
+                names, loops, shape = list(paper_stages(hidden)), _loops(hidden), tuple(hidden["embedding"].shape[-2:])
             stages = {name: hidden[name] for name in names}
-            collected["rbf"].append(_per_sample_cka(stages, "rbf", sigma_fraction, debiased).cpu())
-            collected["linear"].append(_per_sample_cka(stages, "linear", sigma_fraction, debiased).cpu())
+            collected.add("cka", _per_sample_cka(stages, sigma_fraction))
             svs = [_singular_values(x) for x in stages.values()]
-            collected["spectra"].append(torch.stack([_normalised_top(sv, top) for sv in svs], 1).cpu())
-            collected["erank"].append(torch.stack([_entropy_rank(sv) for sv in svs], 1).cpu())
+            collected.add("spectra", {"top": torch.stack([_normalised_top(sv, top) for sv in svs], 1)})
+            collected.add("spectra", {"erank": torch.stack([_entropy_rank(sv) for sv in svs], 1)})
     finally:
         model.train(was_training)
     if names is None:
         raise ValueError("probe_report needs at least one batch")
-    spectrum, erank, rbf, linear = (torch.cat(collected[k]).mean(0) for k in ("spectra", "erank", "rbf", "linear"))
+    updates, state_updates = collected.get("updates"), collected.get("state_updates")
+    spectrum = {key: values.mean(0) for key, values in collected.get("spectra").items()}
     return ProbeReport(
         stages=names,
-        updates={block: _mean_std(torch.cat(values)) for block, values in updates.items()},
-        cka_rbf=rbf,
-        cka_linear=linear,
-        spectra={name: spectrum[i] for i, name in enumerate(names)},
-        effective_ranks={name: erank[i].item() for i, name in enumerate(names)},
-        samples=sum(len(v) for v in updates["prelude"]),
+        updates={block: _mean_std(values) for block, values in updates.items()},
+        state_updates={block: _mean_std(values) for block, values in state_updates.items()},
+        cka_matrices={e: values.mean(0) for e, values in collected.get("cka").items()},
+        cka_floors=cka_floors(shape[0], shape[1], sigma_fraction),
+        spectra={name: spectrum["top"][i] for i, name in enumerate(names)},
+        effective_ranks={name: spectrum["erank"][i].item() for i, name in enumerate(names)},
+        samples=len(updates["prelude"]),
         top=top,
         sigma_fraction=sigma_fraction,
-        debiased=debiased,
         loops=loops,
+        seq_len=shape[0],
     )
 
 
 __all__ = [
+    "ESTIMATORS",
     "ProbeReport",
+    "cka_floors",
     "effective_ranks",
     "linear_cka",
     "pairwise_cka",
@@ -347,6 +508,8 @@ __all__ = [
     "rbf_cka",
     "relative_update",
     "spectra",
+    "state_update_blocks",
+    "state_update_magnitudes",
     "update_blocks",
     "update_magnitudes",
 ]

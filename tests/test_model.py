@@ -149,3 +149,35 @@ def test_meta_device_builds_the_largest_preset_without_memory():
     with torch.device("meta"):
         model = build_model(ModelConfig.from_preset("pythia-6.9b", scheme="mesh"))
     assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.parametrize("scheme", ["base", "residual", "anchor_emb", "dynamic", "mesh"])
+@pytest.mark.parametrize("layout", ["1+2R3+1", "1+2+2+1"])
+def test_core_outputs_are_each_iterations_core_applied_to_its_input(scheme, layout):
+    """``f{t}`` is what core iteration t returned for h(t-1), before the state passing made h(t)."""
+    from mesh_model.layers import rotary_tables
+
+    config = ModelConfig.from_preset("tiny", layout=layout, scheme=scheme)
+    model = build_model(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 12))
+    with torch.no_grad():
+        out = model(ids, return_hidden_states=True)
+        rope = rotary_tables(12, config.rotary_dims, config.rotary_base, ids.device)
+        for t, core_index in enumerate(model.core_schedule, start=1):
+            expected = model.cores[core_index](out.hidden_states[f"h{t - 1}"], rope)
+            torch.testing.assert_close(out.core_outputs[f"f{t}"], expected, rtol=0, atol=0)
+    assert list(out.core_outputs) == [f"f{t}" for t in range(1, config.loops + 1)]
+    assert not set(out.core_outputs) & set(out.hidden_states)  # the stages of the CKA figure are unchanged
+    if scheme == "base":
+        assert all(
+            torch.equal(out.core_outputs[f"f{t}"], out.hidden_states[f"h{t}"]) for t in range(1, config.loops + 1)
+        )
+    if scheme == "residual":
+        h, f = out.hidden_states, out.core_outputs
+        torch.testing.assert_close(h["h2"], f["f2"] + h["h1"], rtol=0, atol=0)
+    assert model(ids).core_outputs is None
+
+
+def test_vanilla_layout_has_no_core_outputs():
+    model = build_model(ModelConfig.from_preset("tiny", layout="6"))
+    assert model(torch.zeros(1, 4, dtype=torch.long), return_hidden_states=True).core_outputs == {}

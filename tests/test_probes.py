@@ -7,8 +7,11 @@ import torch
 from mesh_model import ModelConfig, build_model
 from mesh_model.probe_plots import plot_comparison, plot_report
 from mesh_model.probes import (
+    ESTIMATORS,
     _centred_gram,
+    _cka_floors,
     _nonzero_median,
+    cka_floors,
     effective_ranks,
     linear_cka,
     pairwise_cka,
@@ -17,6 +20,8 @@ from mesh_model.probes import (
     rbf_cka,
     relative_update,
     spectra,
+    state_update_blocks,
+    state_update_magnitudes,
     update_blocks,
     update_magnitudes,
 )
@@ -135,22 +140,32 @@ def test_relative_update_identity_negation_and_a_hand_value():
 
 def test_update_magnitudes_mean_and_population_std_per_block():
     h = torch.randn(2, 8, 4)
-    flip = torch.stack([h[0], -h[1]])  # sample 0 unchanged (0), sample 1 negated (2)
-    stages = {"embedding": h, "prelude": h, "h0": h, "h1": flip, "h2": flip, "coda": 2 * flip}
+    f1 = torch.stack([3 * h[0], -3 * h[1]])
+    # A residual step h1 = f1 + h0, then a core that does nothing (f2 = h1) and a state passing that
+    # doubles its output (h2 = 2 f2); the coda negates.
+    stages = {"embedding": h, "prelude": h, "h0": h, "f1": f1, "h1": f1 + h, "f2": f1 + h}
+    stages |= {"h2": 2 * (f1 + h), "coda": -2 * (f1 + h)}
     assert update_blocks(stages) == {
         "prelude": ("embedding", "prelude"),
-        "core1": ("h0", "h1"),
-        "core2": ("h1", "h2"),
+        "core1": ("h0", "f1"),
+        "core2": ("h1", "f2"),
         "coda": ("h2", "coda"),
     }
+    assert state_update_blocks(stages) == {"core1": ("h0", "h1"), "core2": ("h1", "h2")}
     updates = update_magnitudes(stages)
     assert updates["prelude"] == (0.0, 0.0)
-    assert updates["core1"] == pytest.approx((1.0, 1.0))  # mean of (0, 2), population std 1
-    assert updates["core2"] == (0.0, 0.0)
-    assert updates["coda"] == pytest.approx((2 / 3, 0.0))  # 2 * 1 / (2 + 1)
-    vanilla = {"embedding": h, "prelude": flip, "coda": flip}
+    assert updates["core1"] == pytest.approx((1.5, 0.5))  # 2*2/(3+1) = 1 and 2*4/(3+1) = 2
+    assert updates["core2"] == (0.0, 0.0)  # the core itself did nothing
+    assert updates["coda"] == pytest.approx((2.0, 0.0))
+    states = state_update_magnitudes(stages)
+    assert states["core1"] == pytest.approx((1.6, 0.4))  # h -> 4h: 2*3/5; h -> -2h: 2*3/3
+    assert states["core2"] == pytest.approx((2 / 3, 0.0))  # h2 = 2 h1, whatever f did
+    vanilla = {"embedding": h, "prelude": f1, "coda": f1}
     assert update_blocks(vanilla) == {"prelude": ("embedding", "prelude"), "coda": ("prelude", "coda")}
+    assert state_update_blocks(vanilla) == {} and state_update_magnitudes(vanilla) == {}
     assert update_magnitudes({"embedding": h[:1], "prelude": 2 * h[:1], "coda": h[:1]})["prelude"][1] == 0.0
+    with pytest.raises(ValueError, match=r"update probes need the stages \['f1', 'f2'\]"):
+        update_magnitudes({k: v for k, v in stages.items() if not k.startswith("f")})
 
 
 # ---------------------------------------------------------------- spectra
@@ -201,24 +216,34 @@ def test_probe_report_on_tiny_looped_models(reports, scheme):
     assert model.training  # restored
     loops = ["h0", "h1", "h2", "h3"]
     expected = ["embedding", "prelude", *loops, "coda"] if scheme == "mesh" else ["embedding", *loops, "coda"]
-    assert report.stages == expected and report.loops == 3 and report.samples == 2
+    assert report.stages == expected and report.loops == 3 and report.samples == 2 and report.seq_len == 32
     assert list(report.updates) == ["prelude", "core1", "core2", "core3", "coda"]
-    for matrix in (report.cka_rbf, report.cka_linear):
+    assert list(report.state_updates) == ["core1", "core2", "core3"]
+    assert list(report.cka_matrices) == list(ESTIMATORS)
+    for name, matrix in report.cka_matrices.items():
         assert matrix.shape == (len(expected), len(expected))
         torch.testing.assert_close(matrix, matrix.T, rtol=0, atol=1e-12)
         assert torch.equal(matrix.diagonal(), torch.ones(len(expected), dtype=F64))
-        assert ((matrix > 0) & (matrix <= 1 + 1e-12)).all()
+        assert ((matrix > (-0.1 if "debiased" in name else 0)) & (matrix <= 1 + 1e-12)).all()
+    assert report.cka_floors == cka_floors(32, 64)
 
     # The same numbers as the functions on the whole batch at once (batching does not matter).
     model.eval()
     with torch.no_grad():
-        hidden = model(ids, return_hidden_states=True).hidden_states
+        out = model(ids, return_hidden_states=True)
     model.train()
+    hidden = out.hidden_states
     assert list(paper_stages(hidden)) == expected
-    for block, (mean, std) in update_magnitudes(hidden).items():
+    assert list(paper_stages({**hidden, **out.core_outputs})) == expected  # core outputs are not stages
+    for block, (mean, std) in update_magnitudes({**hidden, **out.core_outputs}).items():
         assert report.updates[block] == pytest.approx((mean, std), rel=1e-9, abs=1e-12)
-    torch.testing.assert_close(report.cka_rbf, pairwise_cka(paper_stages(hidden), "rbf")[1])
-    torch.testing.assert_close(report.cka_linear, pairwise_cka(paper_stages(hidden), "linear")[1])
+    for block, (mean, std) in state_update_magnitudes(hidden).items():
+        assert report.state_updates[block] == pytest.approx((mean, std), rel=1e-9, abs=1e-12)
+    for kind in ("rbf", "linear"):
+        for debiased in (False, True):
+            name = f"{kind}_debiased" if debiased else kind
+            expected_matrix = pairwise_cka(paper_stages(hidden), kind, debiased=debiased)[1]
+            torch.testing.assert_close(report.cka_matrices[name], expected_matrix)
     for name, values in spectra(paper_stages(hidden)).items():
         torch.testing.assert_close(report.spectra[name], values, equal_nan=True)
     assert report.effective_ranks == pytest.approx(effective_ranks(paper_stages(hidden)))
@@ -227,17 +252,25 @@ def test_probe_report_on_tiny_looped_models(reports, scheme):
     assert all(METRIC_NAME.match(k) for k in metrics)
     assert all(math.isfinite(v) for v in metrics.values())
     n = len(expected)
-    assert len(metrics) == 1 + 2 * 5 + 2 * (n * (n - 1) // 2 + 1) + 2 * n + 1
+    # samples, seq_len; updates and state updates with their balances; per estimator: pairs,
+    # loop mean, floor; erank and sv per stage.
+    assert len(metrics) == 2 + (2 * 5 + 1) + (2 * 3 + 1) + 4 * (n * (n - 1) // 2 + 2) + 2 * n
+    assert metrics["probe/seq_len"] == 32.0
     assert metrics["probe/update/core1/mean"] == report.updates["core1"][0]
+    assert metrics["probe/state_update/core2/std"] == report.state_updates["core2"][1]
     assert metrics["probe/update/coda/std"] == report.updates["coda"][1]
     assert metrics["probe/cka_rbf/h1/h2"] == report.cka("h1", "h2")
     assert metrics["probe/cka_linear/embedding/coda"] == report.cka("embedding", "coda", "linear")
+    assert metrics["probe/cka_rbf_debiased/h0/h3"] == report.cka("h0", "h3", "rbf_debiased")
     assert "probe/cka_rbf/h2/h1" not in metrics  # upper triangle only
-    assert metrics["probe/cka_rbf/loop_mean"] == pytest.approx(
-        sum(report.cka(f"h{t}", f"h{t + 1}") for t in range(3)) / 3
-    )
-    cores = [report.updates[f"core{t}"][0] for t in (1, 2, 3)]
-    assert metrics["probe/update/core_balance"] == pytest.approx(min(cores) / max(cores))
+    for estimator in ESTIMATORS:
+        assert metrics[f"probe/cka_{estimator}/loop_mean"] == pytest.approx(
+            sum(report.cka(f"h{t}", f"h{t + 1}", estimator) for t in range(3)) / 3
+        )
+        assert metrics[f"probe/cka_{estimator}/floor"] == report.cka_floors[estimator]
+    for prefix, updates in (("update", report.updates), ("state_update", report.state_updates)):
+        cores = [updates[f"core{t}"][0] for t in (1, 2, 3)]
+        assert metrics[f"probe/{prefix}/core_balance"] == pytest.approx(min(cores) / max(cores))
     # L = 32 < 50 singular values: sv50 reports the 32nd, the last one there is.
     assert metrics["probe/sv50/h1"] == report.spectra["h1"][31].item()
     assert report.spectra["h1"][32:].isnan().all()
@@ -248,11 +281,77 @@ def test_probe_report_on_a_vanilla_layout():
     model = build_model(ModelConfig.from_preset("tiny", layout="6"))
     report = probe_report(model, [torch.randint(0, 2048, (2, 16))])
     assert report.stages == ["embedding", "prelude", "coda"] and report.loops is None
-    assert list(report.updates) == ["prelude", "coda"]
+    assert list(report.updates) == ["prelude", "coda"] and report.state_updates == {}
     assert report.updates["coda"] == (0.0, 0.0)  # a vanilla layout's coda is empty
     metrics = report.as_metrics()
-    assert "probe/update/core_balance" not in metrics and "probe/cka_rbf/loop_mean" not in metrics
+    assert not [k for k in metrics if "core_balance" in k or "loop_mean" in k or "state_update" in k]
     assert metrics["probe/cka_linear/prelude/coda"] == pytest.approx(1.0)
+    assert {f"probe/cka_{e}/floor" for e in ESTIMATORS} <= set(metrics)
+
+
+# ---------------------------------------------------------------- the core's own update
+
+LOOPED_SCHEMES = ["base", "residual", "anchor", "anchor_emb", "static", "dynamic", "mesh"]
+
+
+def with_core(model, core):
+    """``model`` with every core stack replaced by ``core(h)``: the state passing is left as it is."""
+    for stack in model.cores:
+        stack.forward = lambda h, rope: core(h)
+    return model
+
+
+@pytest.mark.parametrize("scheme", LOOPED_SCHEMES)
+def test_core_update_is_the_cores_own_whatever_the_scheme(scheme):
+    ids = torch.randint(0, 2048, (2, 24))
+    config = ModelConfig.from_preset("tiny", layout="1+2R3+1", scheme=scheme)
+    identity = probe_report(with_core(build_model(config), lambda h: h), [ids])
+    for t in (1, 2, 3):
+        assert identity.updates[f"core{t}"] == (0.0, 0.0), t  # f(h) = h: no update of the core's own
+    if scheme in ("residual", "anchor"):  # ... while the states still move: h(t) = h(t-1) + (h(t-1) or h(0))
+        assert identity.state_updates["core1"][0] == pytest.approx(2 / 3)
+        assert all(identity.state_updates[f"core{t}"][0] > 0.25 for t in (1, 2, 3))  # anchor's h3 = 4 h0: 2/7
+    negated = probe_report(with_core(build_model(config), lambda h: -h), [ids])
+    # f(h) = -h: 2 wherever h(t-1) is not 0 (residual and anchor make h(1) = -h(0) + h(0) = 0; from
+    # there on the core maps 0 to 0, which is no update).
+    for t in (1,) if scheme in ("residual", "anchor") else (1, 2, 3):
+        assert negated.updates[f"core{t}"] == pytest.approx((2.0, 0.0), abs=1e-12)
+
+
+def test_a_row_longer_than_the_window_is_read_in_windows():
+    """window=16: the model reads each 64-token row as four 16-token sequences, the rows stacked."""
+    model = build_model(ModelConfig.from_preset("tiny", layout="1+2R2+1", scheme="mesh"))
+    ids = torch.randint(0, 2048, (3, 64))
+    report = probe_report(model, [ids], window=16)
+    assert report.seq_len == 64 and report.samples == 3
+    model.eval()
+    with torch.no_grad():
+        parts = [model(chunk, return_hidden_states=True) for chunk in ids.split(16, dim=1)]
+    hidden = {name: torch.cat([p.hidden_states[name] for p in parts], 1) for name in parts[0].hidden_states}
+    cores = {name: torch.cat([p.core_outputs[name] for p in parts], 1) for name in parts[0].core_outputs}
+    for block, value in update_magnitudes({**hidden, **cores}).items():
+        assert report.updates[block] == pytest.approx(value, rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(report.cka_matrices["rbf"], pairwise_cka(paper_stages(hidden))[1])
+    whole = probe_report(model, [ids])  # without a window: one 64-token sequence, other numbers
+    assert whole.updates["core1"] != pytest.approx(report.updates["core1"], rel=1e-6)
+
+
+# ---------------------------------------------------------------- CKA floors
+
+
+def test_cka_floors_are_seeded_and_sit_where_the_estimators_null_is():
+    state = torch.get_rng_state()
+    floors = cka_floors(128, 64)
+    assert torch.equal(torch.get_rng_state(), state)  # its own generator: the global RNG is untouched
+    assert list(floors) == list(ESTIMATORS)
+    _cka_floors.cache_clear()
+    assert cka_floors(128, 64) == floors  # recomputed, not only cached: the same numbers
+    assert 0.78 < floors["rbf"] < 0.86  # the paper's estimator at 128 tokens x 64 dims (tiny)
+    assert floors["linear"] == pytest.approx(64 / (128 + 64 + 1), abs=0.02)
+    assert abs(floors["rbf_debiased"]) < 0.02 and abs(floors["linear_debiased"]) < 0.02
+    assert cka_floors(128, 64, seed=1) != floors  # other draws
+    longer = cka_floors(512, 64)
+    assert longer["rbf"] < 0.6 and abs(longer["rbf_debiased"]) < 0.02  # more rows, lower floor
 
 
 # ---------------------------------------------------------------- figures

@@ -19,7 +19,7 @@ from experiments.data.prepare import prepare
 from experiments.plan import InputError
 from experiments.probing.callback import ProbeCallback, held_out_batches, probe_callbacks
 from experiments.probing.cli import main as probe_main
-from experiments.probing.files import load_report
+from experiments.probing.files import load_report, report_from_dict, report_to_dict, write_probe_files
 from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
 
@@ -46,7 +46,8 @@ def runs(tmp_path_factory, compose_run, tiny_run):
 
 @pytest.fixture
 def data(compose_run):
-    """The tiny run's data config: 2 validation batches of 8 windows of 64 tokens."""
+    """The tiny run's data config: 2 validation batches of 8 windows of 64 tokens; the probes take
+    2 batches of 8 samples of 512 tokens (probes.seq_len null: max(64, 512)), read in 64-token windows."""
     return as_data_config(compose_run().data)
 
 
@@ -58,12 +59,21 @@ def artifact_sizes(client: mlflow.MlflowClient, run_id: str, path: str) -> dict[
 def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
     run = runs[scheme]
     metrics = run.client.get_run(run.run_id).data.metrics
-    assert metrics["probe/samples"] == 16  # 2 batches of 8 windows
+    assert metrics["probe/samples"] == 16 and metrics["probe/seq_len"] == 512  # 2 batches of 8 samples
     for block in ("prelude", "core1", "core2", "coda"):
         assert 0 < metrics[f"probe/update/{block}/mean"] <= 2 and metrics[f"probe/update/{block}/std"] > 0
-    for name in ("probe/cka_rbf/loop_mean", "probe/cka_linear/loop_mean", "probe/cka_rbf/h0/h1"):
-        assert 0 < metrics[name] <= 1 + 1e-9
-    assert 1 <= metrics["probe/erank/h1"] <= 64 and 0 < metrics["probe/update/core_balance"] <= 1
+    for block in ("core1", "core2"):
+        assert 0 < metrics[f"probe/state_update/{block}/mean"] <= 2
+    for estimator in ("rbf", "linear", "rbf_debiased", "linear_debiased"):
+        for name in (f"probe/cka_{estimator}/loop_mean", f"probe/cka_{estimator}/h0/h1"):
+            assert 0 < metrics[name] <= 1 + 1e-9
+    # The floors of 512 x 64 matrices: the paper's RBF estimator reads 0.54 for unrelated states.
+    assert 0.5 < metrics["probe/cka_rbf/floor"] < 0.58 and 0.09 < metrics["probe/cka_linear/floor"] < 0.13
+    assert (
+        abs(metrics["probe/cka_rbf_debiased/floor"]) < 0.02 and abs(metrics["probe/cka_linear_debiased/floor"]) < 0.02
+    )
+    assert 1 <= metrics["probe/erank/h1"] <= 64
+    assert 0 < metrics["probe/update/core_balance"] <= 1 and 0 < metrics["probe/state_update/core_balance"] <= 1
     assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("probe/"))
     # MeSH reads h(0) from its buffer, so its prelude output is a stage of its own; base has h(0) = prelude.
     assert ("probe/erank/prelude" in metrics) == (scheme == "mesh")
@@ -74,14 +84,20 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
         assert all(sizes[name] > 1024 for name in FIGURES)
     local = run.client.download_artifacts(run.run_id, "probes/final/probes.json", str(tmp_path))
     saved = json.loads(Path(local).read_text())
-    assert saved["step"] == 10 and saved["batches"] == {
-        "split": "shakespeare/val",
-        "num_batches": 2,
-        "batch_size": 8,
-        "seq_len": 64,
-    }
+    assert (
+        saved["step"] == 10
+        and saved["format"] == 2
+        and saved["batches"]
+        == {
+            "split": "shakespeare/val",
+            "num_batches": 2,
+            "batch_size": 8,
+            "seq_len": 512,
+            "window": 64,
+        }
+    )
     assert saved["metrics"] == pytest.approx({k: v for k, v in metrics.items() if k.startswith("probe/")})
-    assert len(saved["cka_rbf"]) == len(saved["stages"]) == len(saved["spectra"])
+    assert len(saved["cka"]["rbf_debiased"]) == len(saved["stages"]) == len(saved["spectra"])
     assert (run.run_dir / "probes" / "final" / "probes.json").read_text() == Path(local).read_text()
 
 
@@ -114,7 +130,7 @@ def test_cli_reproduces_the_final_probe_and_logs_into_the_run(runs, tmp_path, ca
     assert set(FIGURES) <= set(artifact_sizes(run.client, run.run_id, "probes/cli"))
 
 
-def test_cli_bad_paths_answer_with_one_line(tmp_path, capsys):
+def test_cli_bad_paths_answer_with_one_line(runs, tmp_path, capsys):
     result = subprocess.run([MESH_PROBE, str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
@@ -124,15 +140,26 @@ def test_cli_bad_paths_answer_with_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"error: {tmp_path} has no checkpoints/last.ckpt (not a mesh-train run directory?)\n"
     )
+    assert probe_main([str(runs["mesh"].run_dir), "--seq-len", "2", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == "error: --seq-len=2 is invalid: must be >= 4 (the debiased CKA needs 4 rows)\n"
+    assert not (tmp_path / "out").exists()
 
 
 def test_held_out_batches_are_the_first_validation_batches(data):
-    batches = held_out_batches(data, prepare(data), 2)
+    batches = held_out_batches(data, prepare(data), 2, data.seq_len)
     loader = list(TokenDataModule(data).val_dataloader()[0])  # data.val_batches=2: two batches
     assert len(batches) == 2 and all(b.shape == (8, 64) and b.dtype == torch.int64 for b in batches)
     for ours, theirs in zip(batches, loader, strict=True):
         assert torch.equal(ours, theirs)
-    assert torch.equal(torch.cat(held_out_batches(data, prepare(data), 1)), batches[0])
+    assert torch.equal(torch.cat(held_out_batches(data, prepare(data), 1, data.seq_len)), batches[0])
+    # Longer samples: sample i is validation windows 4i .. 4i+3 joined, the windows the model reads.
+    longer = held_out_batches(data, prepare(data), 1, 4 * data.seq_len)
+    assert longer[0].shape == (8, 256)
+    assert torch.equal(longer[0][:4].reshape(16, 64), torch.cat(loader)[:16])
+    with pytest.raises(
+        ValueError, match=r"^probes.seq_len=10000000 is invalid: the validation split has only \d+ tokens$"
+    ):
+        held_out_batches(data, prepare(data), 1, 10_000_000)
 
 
 def test_callback_probes_on_rank_zero_only_restores_train_mode_and_survives_errors(tmp_path, data):
@@ -165,7 +192,48 @@ def test_callback_probes_on_rank_zero_only_restores_train_mode_and_survives_erro
 def test_probe_config_switch_and_bad_values(tmp_path, compose_run):
     assert probe_callbacks({"enabled": False}, tmp_path) == []
     (callback,) = probe_callbacks({"enabled": True, "every_n_validations": 3, "num_batches": 4}, tmp_path)
-    assert (callback.every_n_validations, callback.num_batches, callback.debiased) == (3, 4, False)
-    with pytest.raises(InputError, match=r"^probes.num_batches=0 is invalid: must be >= 1$"):
-        train(compose_run("probes.num_batches=0", f"runs_dir={tmp_path}"))
+    assert (callback.every_n_validations, callback.num_batches, callback.config.seq_len) == (3, 4, None)
+    assert [callback.config.resolved_seq_len(n) for n in (64, 512, 4096)] == [512, 512, 4096]
+    (callback,) = probe_callbacks({"seq_len": 96}, tmp_path)
+    assert callback.config.resolved_seq_len(64) == 96
+    bad = {
+        "probes.num_batches=0": r"^probes.num_batches=0 is invalid: must be >= 1$",
+        "probes.seq_len=3": r"^probes.seq_len=3 is invalid: must be >= 4$",
+        "probes.debiased=true": r"^probes.debiased=True is invalid: obsolete: the biased and the debiased CKA are both",
+    }
+    for override, message in bad.items():
+        with pytest.raises(InputError, match=message):
+            train(compose_run(override, f"runs_dir={tmp_path}"))
     assert not (tmp_path / "mesh").exists()
+
+
+def test_probes_json_of_the_first_format_is_read_back(tmp_path):
+    """Files written before the core update was split off: their core "updates" were h(t-1) -> h(t)."""
+    old = {
+        "samples": 2,
+        "loops": 2,
+        "top": 3,
+        "sigma_fraction": 0.5,
+        "debiased": False,
+        "stages": ["embedding", "h0", "h1", "h2", "coda"],
+        "updates": {
+            b: {"mean": m, "std": 0.1}
+            for b, m in zip(("prelude", "core1", "core2", "coda"), (1, 0.6, 0.3, 0.2), strict=True)
+        },
+        "cka_rbf": [[1.0 if i == j else 0.9 for j in range(5)] for i in range(5)],
+        "cka_linear": [[1.0 if i == j else 0.8 for j in range(5)] for i in range(5)],
+        "spectra": {s: [1.0, 0.5, None] for s in ("embedding", "h0", "h1", "h2", "coda")},
+        "effective_ranks": {s: 2.0 for s in ("embedding", "h0", "h1", "h2", "coda")},
+    }
+    report = report_from_dict(old)
+    assert list(report.updates) == ["prelude", "coda"] and list(report.state_updates) == ["core1", "core2"]
+    assert list(report.cka_matrices) == ["rbf", "linear"] and report.cka_floors == {}
+    metrics = report.as_metrics()
+    assert metrics["probe/state_update/core_balance"] == pytest.approx(0.5)
+    assert "probe/update/core_balance" not in metrics and "probe/update/core1/mean" not in metrics
+    assert metrics["probe/cka_rbf/loop_mean"] == pytest.approx(0.9)
+    assert list(report_from_dict({**old, "debiased": True}).cka_matrices) == ["rbf_debiased", "linear_debiased"]
+    assert report_from_dict(report_to_dict(report)).as_metrics() == pytest.approx(metrics)
+    write_probe_files(report, tmp_path)  # the figures draw what there is
+    with pytest.raises(ValueError, match=r"^probes.json format 7 is unknown: this version reads formats 1 and 2$"):
+        report_from_dict({**report_to_dict(report), "format": 7})

@@ -1,9 +1,11 @@
 """The paper's hidden-state probes for every run: :class:`ProbeCallback` and the files it writes.
 
 The probes (:mod:`mesh_model.probes`) run on a fixed held-out set: the first ``num_batches``
-batches of the main validation split, cut exactly as the validation loader cuts them (windows
-0, 1, ... of ``seq_len`` tokens, ``batch_size`` per batch). They depend only on the data config,
-so every run on the same data is probed on the same tokens and the numbers compare across runs.
+batches of ``batch_size`` samples of the main validation split, sample i being tokens
+[i P, (i+1) P) for P = ``probes.seq_len`` (resolved by :meth:`ProbeConfig.resolved_seq_len`). The
+model reads each sample in windows of ``data.seq_len`` tokens, its training length (see
+:class:`~experiments.config.ProbeConfig`). They depend only on the data and probe configs, so
+every run on the same data is probed on the same tokens and the numbers compare across runs.
 
 What a probe writes, in ``<run_dir>/probes/step<N>/`` and as MLflow artifacts under the same path:
 the four figures of :func:`mesh_model.probe_plots.plot_report` (update bars, RBF and linear CKA
@@ -33,16 +35,21 @@ from experiments.probing.files import PROBE_DIR, write_probe_files
 from mesh_model.probes import probe_report
 
 
-def held_out_batches(data: DataConfig, prepared: PreparedData, num_batches: int) -> list[Tensor]:
-    """The first ``num_batches`` batches of the main validation split (fewer if the split is short)."""
-    windows = TokenWindows(prepared.val["val"], data.seq_len, limit=num_batches * data.batch_size)
+def held_out_batches(data: DataConfig, prepared: PreparedData, num_batches: int, seq_len: int) -> list[Tensor]:
+    """The first ``num_batches`` batches of ``data.batch_size`` samples of ``seq_len`` tokens of the
+    main validation split (fewer if the split is short; an error if it holds not even one)."""
+    tokens = prepared.val["val"]
+    windows = TokenWindows(tokens, seq_len, limit=num_batches * data.batch_size)
+    if len(windows) == 0:
+        raise ValueError(f"probes.seq_len={seq_len} is invalid: the validation split has only {len(tokens)} tokens")
     return list(DataLoader(windows, batch_size=data.batch_size))
 
 
 def describe_batches(data: DataConfig, batches: list[Tensor]) -> dict[str, Any]:
-    """What ``probes.json`` records about the held-out set."""
+    """What ``probes.json`` records about the held-out set: ``seq_len`` is the rows of a sample,
+    ``window`` the length the model read them in."""
     split = {"split": f"{data.corpus}/val", "num_batches": len(batches)}
-    return {**split, "batch_size": data.batch_size, "seq_len": data.seq_len}
+    return {**split, "batch_size": data.batch_size, "seq_len": batches[0].shape[1], "window": data.seq_len}
 
 
 class ProbeCallback(pl.Callback):
@@ -57,13 +64,13 @@ class ProbeCallback(pl.Callback):
     """
 
     def __init__(
-        self, run_dir: str | Path, every_n_validations: int = 0, num_batches: int = 2, debiased: bool = False
+        self, run_dir: str | Path, every_n_validations: int = 0, num_batches: int = 2, seq_len: int | None = None
     ) -> None:
-        ProbeConfig(every_n_validations=every_n_validations, num_batches=num_batches).validate()
+        self.config = ProbeConfig(every_n_validations=every_n_validations, num_batches=num_batches, seq_len=seq_len)
+        self.config.validate()
         self.run_dir = Path(run_dir)
         self.every_n_validations = every_n_validations
         self.num_batches = num_batches
-        self.debiased = debiased
         self.validations = 0  # validations seen during fit; kept in checkpoints so a resume keeps counting
         self.last_seconds: float | None = None  # wall time of the last probe (figures and logging included)
         self._batches: list[Tensor] | None = None
@@ -110,12 +117,13 @@ class ProbeCallback(pl.Callback):
         self.last_seconds = time.perf_counter() - start
 
     def _write_and_log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, folder: Path, step: int) -> None:
-        datamodule = trainer.datamodule
+        data: DataConfig = trainer.datamodule.cfg
         if self._batches is None:
-            self._batches = held_out_batches(datamodule.cfg, datamodule.data, self.num_batches)
+            seq_len = self.config.resolved_seq_len(data.seq_len)
+            self._batches = held_out_batches(data, trainer.datamodule.data, self.num_batches, seq_len)
         model = getattr(pl_module, "model", pl_module)  # MeshLitModule keeps the MeshTransformer here
-        report = probe_report(model, self._batches, debiased=self.debiased)
-        write_probe_files(report, folder, step=step, batches=describe_batches(datamodule.cfg, self._batches))
+        report = probe_report(model, self._batches, window=data.seq_len)
+        write_probe_files(report, folder, step=step, batches=describe_batches(data, self._batches))
         if trainer.logger is not None:
             trainer.logger.log_metrics(report.as_metrics(), step=step)
         self._log_artifacts(trainer, folder, f"{PROBE_DIR}/step{step}")
@@ -145,7 +153,7 @@ def probe_callbacks(probes: dict[str, Any], run_dir: str | Path) -> list[ProbeCa
             run_dir,
             every_n_validations=probes.get("every_n_validations", 0),
             num_batches=probes.get("num_batches", 2),
-            debiased=probes.get("debiased", False),
+            seq_len=probes.get("seq_len"),
         )
     ]
 

@@ -2,7 +2,8 @@
 
 Loads the model from a checkpoint (``<run_dir>/checkpoints/last.ckpt`` when given a run dir),
 rebuilds the held-out batches from the run's ``config.yaml`` (the same batches the training run's
-:class:`~experiments.probing.callback.ProbeCallback` used, unless ``--batches`` asks for another count),
+:class:`~experiments.probing.callback.ProbeCallback` used, unless ``--batches`` or ``--seq-len`` asks
+for another count or sample length),
 writes the figures and ``probes.json`` to ``--out`` (default ``<run_dir>/probes/cli/``) and prints
 a compact table. ``--mlflow-run auto`` (the run's own id from ``mlflow_run_id``) or ``--mlflow-run
 RUN_ID`` also logs the metrics at the checkpoint's step and the files under ``probes/cli/``.
@@ -22,16 +23,25 @@ from experiments.tracking import TrackingError
 CLI_DIR = "cli"
 
 
+def _mean_std(values: tuple[float, float] | None) -> str:
+    return f"{values[0]:>10.3f} ± {values[1]:.3f}" if values else " " * 18
+
+
 def format_table(report: Any) -> str:
-    """Blocks' update mean ± std, loop-to-loop CKA (RBF and linear), effective ranks."""
-    lines = [f"{'block':<12}{'update mean ± std':>20}"]
-    lines += [f"{block:<12}{mean:>12.3f} ± {std:.3f}" for block, (mean, std) in report.updates.items()]
+    """Blocks' core update f(h) vs h and state update h(t-1)->h(t) (mean ± std), loop-to-loop CKA of
+    every estimator with its floor, effective ranks."""
+    lines = [f"{'block':<12}{'update f(h) vs h':>18}{'state h(t-1)->h(t)':>22}"]
+    lines += [
+        f"{block:<12}{_mean_std(report.updates.get(block))}    {_mean_std(report.state_updates.get(block))}".rstrip()
+        for block in {**report.updates, **report.state_updates}
+    ]
     if report.loops:
-        lines.append(f"{'loop pair':<12}{'CKA rbf':>10}{'CKA linear':>12}")
-        pairs = [(f"{a}-{b}", report.cka(a, b, "rbf"), report.cka(a, b, "linear")) for a, b in report.loop_pairs]
-        if len(pairs) > 1:
-            pairs.append(("mean", *(sum(p[i] for p in pairs) / len(pairs) for i in (1, 2))))
-        lines += [f"{name:<12}{rbf:>10.3f}{linear:>12.3f}" for name, rbf, linear in pairs]
+        estimators = list(report.cka_matrices)
+        lines.append(f"{'CKA':<12}" + "".join(f"{e:>17}" for e in estimators))
+        rows = [(f"{a}-{b}", [report.cka(a, b, e) for e in estimators]) for a, b in report.loop_pairs]
+        rows.append(("mean", [report.loop_mean(e) for e in estimators]))
+        rows.append(("floor", [report.cka_floors.get(e, float("nan")) for e in estimators]))
+        lines += [f"{name:<12}" + "".join(f"{v:>17.3f}" for v in values) for name, values in rows]
     lines.append(f"{'stage':<12}{'eff. rank':>10}")
     lines += [f"{stage:<12}{rank:>10.2f}" for stage, rank in report.effective_ranks.items()]
     return "\n".join(lines)
@@ -76,6 +86,8 @@ def run(args: argparse.Namespace) -> None:
     run_dir, checkpoint, config = files.run_dir, files.checkpoint, files.config
     if args.batches is not None and args.batches < 1:
         raise RunInputError(f"--batches={args.batches} is invalid: must be >= 1")
+    if args.seq_len is not None and args.seq_len < 4:
+        raise RunInputError(f"--seq-len={args.seq_len} is invalid: must be >= 4 (the debiased CKA needs 4 rows)")
     run_id = None
     if args.mlflow_run == "auto":
         if files.run_id is None:
@@ -85,6 +97,7 @@ def run(args: argparse.Namespace) -> None:
         run_id = args.mlflow_run
     uri = _checked_run(config, run_dir, run_id) if run_id is not None else None
     # Heavy imports (Lightning, via the datamodule) only once the inputs are known to be good.
+    from experiments.config import ProbeConfig
     from experiments.data.config import as_data_config
     from experiments.data.prepare import prepare
     from experiments.probing.callback import describe_batches, held_out_batches
@@ -95,16 +108,20 @@ def run(args: argparse.Namespace) -> None:
     num_batches = args.batches or probes.get("num_batches", 2)
     try:
         data = as_data_config(config["data"])
-        batches = held_out_batches(data, prepare(data), num_batches)
+        seq_len = ProbeConfig(seq_len=args.seq_len or probes.get("seq_len")).resolved_seq_len(data.seq_len)
+        batches = held_out_batches(data, prepare(data), num_batches, seq_len)
     except (OSError, ValueError) as error:
         raise RunInputError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     model, step = load_model(checkpoint)
-    report = probe_report(model, batches, debiased=probes.get("debiased", False))
+    report = probe_report(model, batches, window=data.seq_len)
     out = Path(args.out) if args.out else run_dir / PROBE_DIR / CLI_DIR
     paths = write_probe_files(
         report, out, step=step, checkpoint=str(checkpoint), batches=describe_batches(data, batches)
     )
-    print(f"{run_dir.name}  step {step}  {report.samples} samples ({len(batches)} batches x {data.seq_len} tokens)")
+    print(
+        f"{run_dir.name}  step {step}  {report.samples} samples of {seq_len} tokens ({len(batches)} batches, "
+        f"read in windows of {data.seq_len})"
+    )
     print(format_table(report))
     print(f"wrote {len(paths)} files to {out}")
     if run_id is not None and uri is not None:
@@ -117,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", help="a run dir (uses checkpoints/last.ckpt) or a .ckpt file inside one")
     parser.add_argument("--out", help="where to write figures and probes.json (default <run_dir>/probes/cli/)")
     parser.add_argument("--batches", type=int, help="held-out batches (default: the run's probes.num_batches)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sample (default: the run's probes.seq_len)")
     parser.add_argument("--mlflow-run", help='log into this MLflow run id, or "auto" for the run\'s own')
     args = parser.parse_args(argv)
     try:

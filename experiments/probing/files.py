@@ -16,6 +16,7 @@ from mesh_model.probes import ProbeReport
 
 PROBE_DIR = "probes"
 REPORT_FILE = "probes.json"
+FORMAT = 2  # 1: core updates were h(t-1) -> h(t), one CKA estimator, no floors
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -26,19 +27,26 @@ def _matrix(matrix: Tensor) -> list[list[float | None]]:
     return [[_finite_or_none(v) for v in row] for row in matrix.tolist()]
 
 
+def _updates(updates: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    return {block: {"mean": mean, "std": std} for block, (mean, std) in updates.items()}
+
+
 def report_to_dict(report: ProbeReport, **extra: Any) -> dict[str, Any]:
-    """A JSON-ready dict of the report (NaN as null); ``extra`` keys (step, batches...) are added."""
+    """A JSON-ready dict of the report (NaN as null); ``extra`` keys (step, batches...) are added.
+    ``updates`` are the blocks' own updates (core: f(h) vs h), ``state_updates`` h(t-1) -> h(t)."""
     return {
         **extra,
+        "format": FORMAT,
         "samples": report.samples,
+        "seq_len": report.seq_len,
         "loops": report.loops,
         "top": report.top,
         "sigma_fraction": report.sigma_fraction,
-        "debiased": report.debiased,
         "stages": report.stages,
-        "updates": {block: {"mean": mean, "std": std} for block, (mean, std) in report.updates.items()},
-        "cka_rbf": _matrix(report.cka_rbf),
-        "cka_linear": _matrix(report.cka_linear),
+        "updates": _updates(report.updates),
+        "state_updates": _updates(report.state_updates),
+        "cka": {estimator: _matrix(matrix) for estimator, matrix in report.cka_matrices.items()},
+        "cka_floors": {estimator: _finite_or_none(floor) for estimator, floor in report.cka_floors.items()},
         "spectra": {stage: [_finite_or_none(v) for v in values.tolist()] for stage, values in report.spectra.items()},
         "effective_ranks": report.effective_ranks,
         "metrics": {key: _finite_or_none(value) for key, value in report.as_metrics().items()},
@@ -52,20 +60,40 @@ def _tensor(values: list) -> Tensor:
     return torch.tensor(nan(values), dtype=torch.float64)
 
 
+def _from_first_format(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``probes.json`` written before the core update was split from the state update: its core
+    "updates" were h(t-1) -> h(t), so they become state updates (the core's own is unknown), and its
+    two CKA matrices were the estimator its ``debiased`` flag names; it has no floors."""
+    updates = {block: v for block, v in data["updates"].items() if not block.startswith("core")}
+    suffix = "_debiased" if data.get("debiased") else ""
+    return {
+        **data,
+        "updates": updates,
+        "state_updates": {block: v for block, v in data["updates"].items() if block.startswith("core")},
+        "cka": {f"rbf{suffix}": data["cka_rbf"], f"linear{suffix}": data["cka_linear"]},
+        "cka_floors": {},
+    }
+
+
 def report_from_dict(data: dict[str, Any]) -> ProbeReport:
-    """The :class:`ProbeReport` that :func:`report_to_dict` wrote."""
+    """The :class:`ProbeReport` that :func:`report_to_dict` wrote (or an earlier version of it)."""
+    if data.get("format", 1) == 1:
+        data = _from_first_format(data)
+    elif data["format"] != FORMAT:
+        raise ValueError(f"probes.json format {data['format']} is unknown: this version reads formats 1 and {FORMAT}")
     return ProbeReport(
         stages=list(data["stages"]),
         updates={block: (v["mean"], v["std"]) for block, v in data["updates"].items()},
-        cka_rbf=_tensor(data["cka_rbf"]),
-        cka_linear=_tensor(data["cka_linear"]),
+        state_updates={block: (v["mean"], v["std"]) for block, v in data["state_updates"].items()},
+        cka_matrices={estimator: _tensor(matrix) for estimator, matrix in data["cka"].items()},
+        cka_floors={e: math.nan if floor is None else floor for e, floor in data["cka_floors"].items()},
         spectra={stage: _tensor(values) for stage, values in data["spectra"].items()},
         effective_ranks=dict(data["effective_ranks"]),
         samples=data["samples"],
         top=data["top"],
         sigma_fraction=data["sigma_fraction"],
-        debiased=data["debiased"],
         loops=data["loops"],
+        seq_len=data.get("seq_len"),
     )
 
 
@@ -81,6 +109,3 @@ def write_probe_files(report: ProbeReport, out_dir: str | Path, **extra: Any) ->
     paths = [path for group in plot_report(report, out).values() for path in group]
     (out / REPORT_FILE).write_text(json.dumps(report_to_dict(report, **extra), indent=1, allow_nan=False))
     return [*paths, out / REPORT_FILE]
-
-
-# ---------------------------------------------------------------- the callback
