@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data demo check params test lint format clean
+.PHONY: setup data demo check params test test-gpu lint format clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,12 @@ params: setup
 PYTEST_ARGS ?= -n auto
 test: setup data
 	$(PY) -m pytest -q $(PYTEST_ARGS) $(if $(FAST),-m "not slow")
+
+# The GPU tests (tests/gpu, left out of `make test`): the fused loss on CUDA against the chunked
+# one. Needs a CUDA build of torch (make setup TORCH=torch) and a GPU.
+test-gpu: setup
+	$(PY) -m pip install -q -e ".[gpu]"
+	$(PY) -m pytest -q -n 0 tests/gpu
 
 # ruff, and the layers contract results -> sweeps -> experiments -> mesh_model (pyproject.toml).
 lint: setup

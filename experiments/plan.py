@@ -21,6 +21,7 @@ from experiments.store_check import check_runs_dir, check_tracking_uri
 from experiments.tracking import resolve_tracking_uri
 from mesh_model import PRESETS, ConfigError, ModelConfig
 from mesh_model.accounting import GB, MemoryEstimate, estimate_step_memory
+from mesh_model.loss import loss_backend
 
 GPT2_VOCAB = 50257  # the gpt2 tokenizer's vocabulary (data.tokenizer=gpt2)
 # Strategies that shard parameters, gradients and optimizer state over the devices.
@@ -83,6 +84,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
             f"(raise it with +model_overrides.max_seq_len=...)"
         )
     memory = check_memory(train, model_config)
+    try:  # $MESH_LOSS_BACKEND, checked here rather than at the first step
+        loss_backend("cuda" if runs_on_accelerator(train.trainer) else "cpu")
+    except ConfigError as error:
+        raise InputError(str(error)) from None
     if train.data.corpus == "text":
         check_text_files(train.data.path or "")
     check_runs_dir(train.runs_dir)

@@ -5,13 +5,24 @@ the softmax over them is pure memory traffic. ``linear_cross_entropy`` walks the
 for each chunk it forms the logits, the loss and, when gradients are wanted, the gradients of the
 hidden states and of the output projection (softmax minus one-hot, the same three matmuls as
 the unfused backward). Peak extra memory is one chunk of logits instead of all of them.
+
+On CUDA the same fused loss has a faster kernel, Liger-Kernel's fused linear cross-entropy
+(Triton, ``pip install liger-kernel``): the backend is picked per call by
+:func:`loss_backend`, from the ``backend`` argument or ``$MESH_LOSS_BACKEND`` (auto, chunked,
+liger; default auto).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from mesh_model.errors import ConfigError
 
 IGNORE_INDEX = -100
 # Logits per chunk: 4 MiB of fp32 on a CPU (cache-sized), 256 MiB on an accelerator (few launches).
@@ -80,9 +91,42 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return hidden_grad, weight_grad, None
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy of the logits ``hidden @ weight.T`` (hidden (T, D), weight (V, D),
-    targets (T,) with ``IGNORE_INDEX`` skipped), equal to ``F.cross_entropy`` on the full logits."""
+BACKENDS = ("auto", "chunked", "liger")
+BACKEND_ENV = "MESH_LOSS_BACKEND"
+
+
+@functools.cache
+def _liger_function() -> Callable[..., Tensor] | None:
+    """Liger-Kernel's functional fused linear cross-entropy, or None where it is not installed."""
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError:
+        return None
+    return liger_fused_linear_cross_entropy
+
+
+def loss_backend(device: torch.device | str, backend: str | None = None) -> str:
+    """The backend that computes the loss of tensors on ``device``: ``backend``, else
+    ``$MESH_LOSS_BACKEND``, else auto. Auto is liger on CUDA where liger-kernel imports, chunked
+    otherwise, and chunked under ``torch.compile`` (Liger's ``.item()`` would break the graph,
+    and inductor fuses the chunked loop itself). An explicit liger that cannot run is an error."""
+    field = "backend" if backend is not None else BACKEND_ENV
+    name = backend if backend is not None else os.environ.get(BACKEND_ENV) or "auto"
+    if name not in BACKENDS:
+        raise ConfigError(field, name, f"one of {', '.join(BACKENDS)}")
+    on_cuda = torch.device(device).type == "cuda"
+    if name == "auto":
+        usable = on_cuda and not torch.compiler.is_compiling() and _liger_function() is not None
+        return "liger" if usable else "chunked"
+    if name == "liger" and not on_cuda:
+        raise ConfigError(field, name, f"liger runs on CUDA tensors only (these are on {device}); use chunked or auto")
+    if name == "liger" and _liger_function() is None:
+        raise ConfigError(field, name, "liger needs the liger-kernel package (pip install liger-kernel); use chunked")
+    return name
+
+
+def _chunked(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """The pure-torch loss: gradients formed in the forward when wanted, else the loss alone."""
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(hidden, weight, targets)
     with torch.no_grad():
@@ -94,4 +138,29 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor) -> Ten
         return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
-__all__ = ["IGNORE_INDEX", "linear_cross_entropy", "shifted_targets"]
+def _liger(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """Liger's kernel with our semantics: mean over the non-ignored targets, fp32 softmax
+    statistics (its kernel upcasts the bf16 logits), the weight's gradient summed in fp32."""
+    liger = _liger_function()
+    assert liger is not None, "loss_backend() checked the import"
+    return liger(
+        hidden.contiguous(),
+        weight,
+        targets.contiguous(),
+        ignore_index=IGNORE_INDEX,
+        reduction="mean",
+        accum_dtype=torch.float32,
+    )
+
+
+_LOSSES: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {"chunked": _chunked, "liger": _liger}
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, backend: str | None = None) -> Tensor:
+    """Mean cross-entropy of the logits ``hidden @ weight.T`` (hidden (T, D), weight (V, D),
+    targets (T,) with ``IGNORE_INDEX`` skipped), equal to ``F.cross_entropy`` on the full logits.
+    ``backend`` (auto, chunked, liger) overrides ``$MESH_LOSS_BACKEND``; see :func:`loss_backend`."""
+    return _LOSSES[loss_backend(hidden.device, backend)](hidden, weight, targets)
+
+
+__all__ = ["BACKENDS", "BACKEND_ENV", "IGNORE_INDEX", "linear_cross_entropy", "loss_backend", "shifted_targets"]

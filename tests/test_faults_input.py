@@ -113,6 +113,20 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
         assert "MeSH coefficients" in line and "allow_large=true" in line
 
 
+@pytest.mark.parametrize(
+    ("backend", "field"),
+    [
+        ("foo", "MESH_LOSS_BACKEND='foo' is invalid"),
+        ("liger", "MESH_LOSS_BACKEND='liger' is invalid: liger runs on CUDA"),
+    ],
+)
+def test_a_bad_loss_backend_is_refused_before_compute(tmp_path, backend, field, monkeypatch):
+    monkeypatch.setenv("MESH_LOSS_BACKEND", backend)
+    runs_dir = tmp_path / "runs"
+    done, elapsed = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path)
+    assert_refused(done, elapsed, field, tmp_path, runs_dir)
+
+
 def test_the_data_file_named_in_the_line_is_the_binary_one(tmp_path):
     folder = tmp_path / "corpus"
     folder.mkdir()
