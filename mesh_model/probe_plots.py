@@ -4,7 +4,13 @@
 beside it, the state update h(t-1) -> h(t) of each core iteration; (b) CKA heatmaps, RBF and linear,
 each as the paper's biased estimator and the debiased one, with the stage names on both axes, the
 values written in and the estimator's floor in the title; (c) normalised singular-value spectra on a
-log axis. :func:`plot_comparison` draws the same three side by side for several reports.
+log axis. :func:`plot_comparison` draws the same three for several reports, in grids of at most
+:data:`PANELS_PER_ROW` panels a row.
+
+One colour per scheme in every figure of the project (:func:`scheme_color`, which ``results.plots``
+uses too). A vanilla layout is shown as one stack, ``stack`` (:func:`shown_blocks`): the probes
+log its update and state as ``prelude`` (all its layers) beside a ``coda`` of 0 layers (update 0, the
+same state again), which it does not have and the figures leave out.
 
 matplotlib is imported only when a figure is drawn, and figures are built on the Agg canvas without
 pyplot: nothing touches pyplot's global figure list or the caller's backend, so there is nothing left
@@ -13,32 +19,155 @@ open after a figure is saved.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mesh_model.errors import ConfigError
 from mesh_model.probes import ProbeReport
+from mesh_model.schemes import SchemeSpec
 
 FORMATS = ("png", "svg")
+PANELS_PER_ROW = 3
+MAX_WIDTH = 16.0  # inches: a wider figure is cut into rows
+
+# scheme -> colour (matplotlib's tab10/tab20 hues): every scheme the project runs or the paper
+# reports. Other names get one of FALLBACK_COLORS by a hash of the name (the same in every process).
+SCHEME_COLORS = {
+    "vanilla": "#7f7f7f",
+    "base": "#1f77b4",
+    "residual": "#ff7f0e",
+    "anchor": "#2ca02c",
+    "anchor_emb": "#17becf",
+    "residual+anchor": "#bcbd22",
+    "anchor+anchor_emb": "#98df8a",
+    "residual+anchor+anchor_emb": "#ffbb78",
+    "static": "#9467bd",
+    "dynamic": "#e377c2",
+    "mesh": "#d62728",
+}
+FALLBACK_COLORS = ("#8c564b", "#aec7e8", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#ff9896")
+# The k-th row of one scheme in a figure: its marker, line style and bar hatch.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINE_STYLES = ("-", "--", ":", "-.")
+HATCHES = ("", "//", "..", "xx", "\\\\", "++")
+
+
+def scheme_color(scheme: str) -> str:
+    """The colour of ``scheme`` in every figure: fixed for the names in :data:`SCHEME_COLORS` (and
+    their aliases, e.g. ``anchor*``), else chosen by a hash of the canonical name."""
+    name = scheme.strip().lower()
+    if name not in SCHEME_COLORS:
+        with contextlib.suppress(ConfigError):
+            name = SchemeSpec.parse(name).canonical
+    if name in SCHEME_COLORS:
+        return SCHEME_COLORS[name]
+    digest = hashlib.sha256(name.encode()).digest()
+    return FALLBACK_COLORS[int.from_bytes(digest[:4], "big") % len(FALLBACK_COLORS)]
+
+
+def scheme_of(label: str) -> str:
+    """The scheme of a row label (``mesh 4+8R2+4 B5`` -> ``mesh``): its first word."""
+    return label.split()[0] if label.strip() else label
+
+
+def variant_index(schemes: Iterable[str]) -> list[int]:
+    """For each scheme in order, how many times it came before: the k-th row of a scheme is drawn
+    in its colour with the k-th marker, line style or hatch."""
+    seen: dict[str, int] = {}
+    out = []
+    for scheme in schemes:
+        out.append(seen.get(scheme, 0))
+        seen[scheme] = out[-1] + 1
+    return out
+
+
+VANILLA_STACK = "stack"
+
+
+def shown_blocks(blocks: Iterable[str], vanilla: bool) -> dict[str, str]:
+    """The update blocks a reader sees -> the block name the probes logged. A vanilla layout has one
+    stack, logged as ``prelude`` (embedding -> all its layers; its ``coda`` has 0 layers): shown as
+    :data:`VANILLA_STACK`, nothing else. A looped layout's blocks are shown as logged."""
+    blocks = list(blocks)
+    if vanilla:
+        return {VANILLA_STACK: "prelude"} if "prelude" in blocks else {}
+    return {block: block for block in blocks}
+
+
+def block_order(name: str) -> tuple[int, int, str]:
+    """stack, prelude, core1..coreK, coda, then anything else by name."""
+    if name.startswith("core") and name[4:].isdigit():
+        return (2, int(name[4:]), "")
+    rank = {VANILLA_STACK: 0, "prelude": 1, "coda": 3}
+    return (rank.get(name, 4), 0, name)
+
+
+def _is_vanilla(report: ProbeReport) -> bool:
+    return report.loops is None and not any(b.startswith("core") for b in report.updates)
+
+
+def _shown_updates(report: ProbeReport, kind: str) -> dict[str, tuple[float, float]]:
+    updates = getattr(report, kind)
+    return {shown: updates[logged] for shown, logged in shown_blocks(updates, _is_vanilla(report)).items()}
+
+
+def _shown_stages(report: ProbeReport) -> dict[str, int]:
+    """The stages of the CKA and spectra figures -> their index in ``report.stages``. A vanilla
+    layout's ``prelude`` is its whole stack (shown as :data:`VANILLA_STACK`) and its ``coda`` (0
+    layers) the same tensor again: not shown."""
+    if not _is_vanilla(report) or "prelude" not in report.stages:
+        return {stage: i for i, stage in enumerate(report.stages)}
+    return {
+        (VANILLA_STACK if stage == "prelude" else stage): i for i, stage in enumerate(report.stages) if stage != "coda"
+    }
+
+
+def _shown_matrix(report: ProbeReport, estimator: str) -> Any:
+    index = list(_shown_stages(report).values())
+    return report.cka_matrices[estimator][index][:, index]
+
+
+def _canvas(width: float, height: float) -> Any:
+    """An empty figure on its own Agg canvas (no pyplot), laid out by constrained layout."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, list[Any]]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
-    return fig, list(axes)
+    fig = _canvas(width, height)
+    return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
 
 
-def _grid(width: float, height: float, nrows: int, ncols: int) -> tuple[Any, list[list[Any]]]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _panels(count: int, width: float, height: float) -> tuple[Any, list[list[Any]]]:
+    """A figure of ``count`` panels of ``width`` x ``height`` inches, at most :data:`PANELS_PER_ROW`
+    a row; the panels of the last row that are not needed are removed. Returns the figure and its
+    panels row by row."""
+    ncols, nrows = _shape(count)
+    fig = _canvas(0.6 + width * ncols, height * nrows)
+    return fig, _grid_axes(fig, count)
 
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, [list(row) for row in fig.subplots(nrows, ncols, squeeze=False)]
+
+def _shape(count: int) -> tuple[int, int]:
+    """(columns, rows) of a grid of ``count`` panels, at most :data:`PANELS_PER_ROW` a row."""
+    ncols = max(1, min(count, PANELS_PER_ROW))
+    return ncols, math.ceil(count / ncols)
+
+
+def _grid_axes(fig: Any, count: int) -> list[list[Any]]:
+    """``count`` panels in a grid on ``fig`` (a figure or subfigure); the unused ones removed."""
+    ncols, nrows = _shape(count)
+    flat = list(fig.subplots(nrows, ncols, squeeze=False).reshape(-1))
+    for ax in flat[count:]:
+        ax.remove()
+    return [flat[i : min(i + ncols, count)] for i in range(0, count, ncols)]
 
 
 def _save(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:
@@ -62,36 +191,51 @@ def _update_kinds(reports: list[ProbeReport]) -> list[str]:
     return [kind for kind in UPDATE_KINDS if any(getattr(r, kind) for r in reports)] or ["updates"]
 
 
-def _updates_figure(reports: dict[str, ProbeReport]) -> Any:
-    """One panel per update measure, each wide enough for its bars and its title."""
+def _schemes(reports: Mapping[str, ProbeReport], schemes: Mapping[str, str] | None) -> dict[str, str]:
+    """label -> scheme: from ``schemes`` where given, else the label's first word."""
+    return {label: (schemes or {}).get(label, scheme_of(label)) for label in reports}
+
+
+def updates_figure(reports: Mapping[str, ProbeReport], schemes: Mapping[str, str] | None = None) -> Any:
+    """One panel per update measure, each wide enough for its bars and its title (side by side, or
+    one a row when that is wider than :data:`MAX_WIDTH` inches); the bars of a report in its
+    scheme's colour (``schemes``: label -> scheme, default the label's first word)."""
     kinds = _update_kinds(list(reports.values()))
     widths = [
-        max(3.6, 1.0 + 0.45 * len(reports) * len({b for r in reports.values() for b in getattr(r, k)})) for k in kinds
+        max(3.6, 1.0 + 0.45 * len(reports) * len({b for r in reports.values() for b in _shown_updates(r, k)}))
+        for k in kinds
     ]
-    fig, axes = _figure(sum(widths), 3.8, ncols=len(kinds))
+    if sum(widths) <= MAX_WIDTH:
+        fig, axes = _figure(sum(widths), 3.8, ncols=len(kinds))
+    else:  # one panel a row
+        fig = _canvas(max(widths), 3.8 * len(kinds))
+        axes = list(fig.subplots(len(kinds), 1, squeeze=False)[:, 0])
     for ax, kind in zip(axes, kinds, strict=True):
-        _draw_updates(ax, reports, kind)
+        _draw_updates(ax, reports, kind, _schemes(reports, schemes))
     return fig
 
 
-def _draw_updates(ax: Any, reports: dict[str, ProbeReport], kind: str = "updates") -> None:
-    values = {label: getattr(report, kind) for label, report in reports.items()}
-    blocks: list[str] = []
-    for updates in values.values():
-        blocks += [b for b in updates if b not in blocks]
+def _draw_updates(ax: Any, reports: Mapping[str, ProbeReport], kind: str, schemes: Mapping[str, str]) -> None:
+    values = {label: _shown_updates(report, kind) for label, report in reports.items()}
+    blocks = sorted({b for updates in values.values() for b in updates}, key=block_order)
     width = 0.8 / len(reports)
+    variants = variant_index(schemes[label] for label in values)
     for i, (label, updates) in enumerate(values.items()):
+        if not updates:  # a layout without these blocks (vanilla: no state update): no bar, no legend entry
+            continue
         xs = [j + (i - (len(reports) - 1) / 2) * width for j, b in enumerate(blocks) if b in updates]
         means = [updates[b][0] for b in blocks if b in updates]
         stds = [updates[b][1] for b in blocks if b in updates]
-        ax.bar(xs, means, width, yerr=stds, capsize=3, label=label)
+        color = scheme_color(schemes[label]) if schemes[label] else None
+        hatch = HATCHES[variants[i] % len(HATCHES)]
+        ax.bar(xs, means, width, yerr=stds, capsize=3, label=label, color=color, hatch=hatch, edgecolor="white")
     title, ylabel = UPDATE_KINDS[kind]
     ax.set_xticks(range(len(blocks)), blocks)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     if len(reports) > 1:
-        ax.legend()
+        ax.legend(fontsize=7)
 
 
 def _estimators(reports: list[ProbeReport], kind: str) -> list[str]:
@@ -105,20 +249,35 @@ def _cka_title(report: ProbeReport, estimator: str) -> str:
     return f"CKA ({name})" + ("" if floor is None else f", floor {floor:.2f}")
 
 
-def _draw_cka(ax: Any, report: ProbeReport, estimator: str, vmin: float) -> Any:
-    n = len(report.stages)
-    ax.set_xticks(range(n), report.stages, rotation=45, ha="right")
-    ax.set_yticks(range(n), report.stages)
+def colour_range(reports: Iterable[ProbeReport], estimator: str) -> tuple[float, float]:
+    """The colour scale of ``estimator``'s heatmaps: the lowest and highest finite value over every
+    report (the diagonal's 1 included); (0, 1) when there is none, and a width of at least 0.01."""
+    import torch
+
+    values = [_shown_matrix(r, estimator) for r in reports if estimator in r.cka_matrices]
+    finite = torch.cat([v[v.isfinite()].reshape(-1) for v in values]) if values else torch.empty(0)
+    if not len(finite):
+        return 0.0, 1.0
+    low, high = finite.min().item(), finite.max().item()
+    return (low, high) if high - low >= 0.01 else (high - 0.01, high)
+
+
+def _draw_cka(ax: Any, report: ProbeReport, estimator: str, limits: tuple[float, float]) -> Any:
+    stages = list(_shown_stages(report))
+    n = len(stages)
+    ax.set_xticks(range(n), stages, rotation=45, ha="right")
+    ax.set_yticks(range(n), stages)
     if estimator not in report.cka_matrices:  # a report written before this estimator was logged
         ax.text(0.5, 0.5, "not computed", ha="center", va="center", transform=ax.transAxes)
         return None
-    matrix = report.cka_matrices[estimator].numpy()
-    image = ax.imshow(matrix, cmap="magma", vmin=vmin, vmax=1.0)
+    vmin, vmax = limits
+    matrix = _shown_matrix(report, estimator).numpy()
+    image = ax.imshow(matrix, cmap="magma", vmin=vmin, vmax=vmax)
     size = max(5, min(9, 60 / n))
     for i in range(n):
         for j in range(n):
             value = matrix[i, j]
-            color = "black" if value > vmin + 0.6 * (1 - vmin) else "white"
+            color = "black" if value > vmin + 0.6 * (vmax - vmin) else "white"
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=size, color=color)
     return image
 
@@ -127,9 +286,10 @@ def _draw_spectra(ax: Any, report: ProbeReport) -> None:
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"]
-    n = len(report.stages)
-    for i, stage in enumerate(report.stages):
-        values = report.spectra[stage].numpy()
+    stages = _shown_stages(report)
+    n = len(stages)
+    for i, (stage, index) in enumerate(stages.items()):
+        values = report.spectra[report.stages[index]].numpy()
         ax.plot(range(1, len(values) + 1), values, color=cmap(i / max(n - 1, 1)), label=stage)
     ax.set_yscale("log")
     ax.set_xlabel("singular value index i")
@@ -137,28 +297,22 @@ def _draw_spectra(ax: Any, report: ProbeReport) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
-def _colour_floor(reports: list[ProbeReport], estimator: str) -> float:
-    """The low end of the colour scale: 0, or the lowest value rounded down to 0.1."""
-    values = [r.cka_matrices[estimator].nan_to_num(1.0).min().item() for r in reports if estimator in r.cka_matrices]
-    return min(0.0, math.floor(min(values, default=0.0) * 10) / 10)
-
-
 def plot_updates(report: ProbeReport, out_dir: str | Path, stem: str = "probe_updates") -> list[Path]:
     """(a) Bars of the mean relative update with population-std error bars: the blocks' own updates
     and, in a second panel, the core iterations' state updates."""
-    fig = _updates_figure({"": report})
+    fig = updates_figure({"": report})
     fig.suptitle(f"relative update magnitude ({report.samples} samples)")
     return _save(fig, out_dir, stem)
 
 
 def plot_cka(report: ProbeReport, out_dir: str | Path, kind: str = "rbf", stem: str | None = None) -> list[Path]:
     """(b) The CKA matrices of ``kind`` ('rbf' or 'linear'), biased and debiased side by side, as
-    annotated heatmaps; each title gives the estimator's floor."""
+    annotated heatmaps, each on the colour scale of its values; each title gives the estimator's floor."""
     n = len(report.stages)
     estimators = _estimators([report], kind)
     fig, axes = _figure((2.0 + 0.6 * n) * len(estimators), 1.5 + 0.6 * n, ncols=len(estimators))
     for ax, estimator in zip(axes, estimators, strict=True):
-        image = _draw_cka(ax, report, estimator, _colour_floor([report], estimator))
+        image = _draw_cka(ax, report, estimator, colour_range([report], estimator))
         fig.colorbar(image, ax=ax, shrink=0.8)
         ax.set_title(_cka_title(report, estimator))
     return _save(fig, out_dir, stem or f"probe_cka_{kind}")
@@ -182,42 +336,78 @@ def plot_report(report: ProbeReport, out_dir: str | Path) -> dict[str, list[Path
     }
 
 
-def plot_comparison(
-    reports: dict[str, ProbeReport], out_dir: str | Path, stem: str = "probe_compare"
-) -> dict[str, list[Path]]:
-    """The same figures for several labelled reports (e.g. base vs mesh): grouped update bars,
-    and one CKA heatmap / spectrum panel per report side by side on shared scales."""
-    if not reports:
-        raise ValueError("plot_comparison needs at least one report")
-    paths: dict[str, list[Path]] = {}
-    fig = _updates_figure(reports)
-    fig.suptitle("relative update magnitude")
-    paths["updates"] = _save(fig, out_dir, f"{stem}_updates")
-
+def cka_comparison_figure(reports: Mapping[str, ProbeReport], kind: str = "rbf") -> Any:
+    """The CKA heatmaps of ``kind`` ('rbf' or 'linear') of several labelled reports: for each
+    estimator (biased, then debiased) a block of panels, one per report, at most
+    :data:`PANELS_PER_ROW` a row, all on one colour scale (the estimator's lowest to highest value
+    over the reports, :func:`colour_range`) shown by one colorbar beside the block."""
     n = max(len(r.stages) for r in reports.values())
-    for kind in ("rbf", "linear"):
-        estimators = _estimators(list(reports.values()), kind)
-        size = 1.0 + 0.6 * n
-        fig, grid = _grid(1.0 + size * len(reports), 0.5 + size * len(estimators), len(estimators), len(reports))
-        for row, estimator in zip(grid, estimators, strict=True):
-            vmin = _colour_floor(list(reports.values()), estimator)
-            images = [_draw_cka(ax, report, estimator, vmin) for ax, report in zip(row, reports.values(), strict=True)]
-            for ax, (label, report) in zip(row, reports.items(), strict=True):
-                ax.set_title(f"{label}: {_cka_title(report, estimator)}", fontsize=9)
-            image = next((i for i in images if i is not None), None)
-            if image is not None:
-                fig.colorbar(image, ax=row, shrink=0.8)
-        paths[f"cka_{kind}"] = _save(fig, out_dir, f"{stem}_cka_{kind}")
+    estimators = _estimators(list(reports.values()), kind) or [kind]
+    size = 1.3 + 0.55 * n
+    ncols, nrows = _shape(len(reports))
+    fig = _canvas(1.2 + size * ncols, (0.4 + size * nrows) * len(estimators))
+    for section, estimator in zip(fig.subfigures(len(estimators), 1, squeeze=False)[:, 0], estimators, strict=True):
+        limits = colour_range(reports.values(), estimator)
+        axes = [ax for row in _grid_axes(section, len(reports)) for ax in row]
+        images = [_draw_cka(ax, report, estimator, limits) for ax, report in zip(axes, reports.values(), strict=True)]
+        for ax, (label, report) in zip(axes, reports.items(), strict=True):
+            ax.set_title(f"{label}\n{_cka_title(report, estimator)}", fontsize=9)
+        image = next((i for i in images if i is not None), None)
+        if image is not None:
+            section.colorbar(image, ax=axes, shrink=0.8, label=f"CKA ({estimator})")
+    return fig
 
-    fig, axes = _figure(0.5 + 4.5 * len(reports), 3.8, ncols=len(reports))
+
+def spectra_comparison_figure(reports: Mapping[str, ProbeReport]) -> Any:
+    """One spectra panel per report, at most :data:`PANELS_PER_ROW` a row, on a shared y axis."""
+    fig, rows = _panels(len(reports), 4.5, 3.8)
+    axes = [ax for row in rows for ax in row]
     for ax, (label, report) in zip(axes, reports.items(), strict=True):
         _draw_spectra(ax, report)
-        ax.set_title(f"{label}: normalised spectra")
+        ax.set_title(f"{label}: normalised spectra", fontsize=9)
     lows = [ax.get_ylim()[0] for ax in axes]
     for ax in axes:
         ax.set_ylim(min(lows), 1.5)
-    paths["spectra"] = _save(fig, out_dir, f"{stem}_spectra")
+    return fig
+
+
+def plot_comparison(
+    reports: Mapping[str, ProbeReport],
+    out_dir: str | Path,
+    stem: str = "probe_compare",
+    schemes: Mapping[str, str] | None = None,
+) -> dict[str, list[Path]]:
+    """The same figures for several labelled reports (e.g. base vs mesh): grouped update bars in
+    each scheme's colour (``schemes``: label -> scheme, default the label's first word), and the
+    CKA heatmaps and spectra in grids of at most :data:`PANELS_PER_ROW` panels a row, on shared
+    scales."""
+    if not reports:
+        raise ValueError("plot_comparison needs at least one report")
+    paths: dict[str, list[Path]] = {}
+    fig = updates_figure(reports, schemes)
+    fig.suptitle("relative update magnitude")
+    paths["updates"] = _save(fig, out_dir, f"{stem}_updates")
+    for kind in ("rbf", "linear"):
+        paths[f"cka_{kind}"] = _save(cka_comparison_figure(reports, kind), out_dir, f"{stem}_cka_{kind}")
+    paths["spectra"] = _save(spectra_comparison_figure(reports), out_dir, f"{stem}_spectra")
     return paths
 
 
-__all__ = ["plot_cka", "plot_comparison", "plot_report", "plot_spectra", "plot_updates"]
+__all__ = [
+    "PANELS_PER_ROW",
+    "SCHEME_COLORS",
+    "VANILLA_STACK",
+    "block_order",
+    "cka_comparison_figure",
+    "colour_range",
+    "plot_cka",
+    "plot_comparison",
+    "plot_report",
+    "plot_spectra",
+    "plot_updates",
+    "scheme_color",
+    "shown_blocks",
+    "spectra_comparison_figure",
+    "updates_figure",
+    "variant_index",
+]

@@ -42,6 +42,11 @@ SCHEME_FORMS = (
     "use base, mesh, static, dynamic, or a '+'-joined sum of residual, anchor, anchor_emb "
     "(optionally weighted, e.g. residual+anchor or 0.5*anchor+anchor_emb; 'core' weights f)"
 )
+# What an unknown scheme name answers: the model's schemes, and ``vanilla``, which a run config
+# (experiments.identity) resolves to the compute-matched plain model before a scheme is parsed.
+UNKNOWN_SCHEME = (
+    SCHEME_FORMS + "; a run config also takes vanilla (the plain model at the layout's compute depth, no core)"
+)
 _TERM = re.compile(r"^(?:(?P<coef>[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\*)?(?P<name>[a-z_]+\*?)$")
 # A fixed coefficient's magnitude is at most this: beyond it the loop's state grows by orders of
 # magnitude per iteration (and 1e400 is not even a float), which is a typo, not an ablation.
@@ -77,10 +82,10 @@ class SchemeSpec:
         for term in name.split("+") if name else [""]:
             match = _TERM.match(term)
             if match is None:
-                raise ConfigError("scheme", text, SCHEME_FORMS)
+                raise ConfigError("scheme", text, UNKNOWN_SCHEME)
             term_name = _ALIASES.get(match.group("name"), match.group("name"))
             if term_name not in ("core", *SUPPLEMENT_TERMS) or term_name in coefficients:
-                raise ConfigError("scheme", text, SCHEME_FORMS)
+                raise ConfigError("scheme", text, UNKNOWN_SCHEME)
             coefficients[term_name] = _coefficient(text, term_name, match.group("coef"))
         if not any(t in coefficients for t in SUPPLEMENT_TERMS) and coefficients.get("core", 1.0) == 1.0:
             return cls(kind="base")
@@ -334,6 +339,7 @@ def mesh_router_parameters(loops: int, d_model: int, slots: int) -> int:
 __all__ = [
     "MESH_BUFFERS",
     "SCHEME_FORMS",
+    "UNKNOWN_SCHEME",
     "DynamicCombination",
     "ExplicitBufferState",
     "FixedSum",

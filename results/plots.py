@@ -1,11 +1,12 @@
 """The report's figures (PNG + SVG, matplotlib's Agg canvas, no pyplot state):
 
-* PPL against % non-embedding parameters of vanilla, one labelled point per row, a panel per preset;
+* PPL against % non-embedding parameters of vanilla, one point per row named in a legend, a panel per preset;
 * the B ablation (PPL against MeSH's buffer slots, error bars over seeds) when B varies;
 * training-loss curves per row (mean over seeds, ± std band), a panel per block;
 * the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`).
 
-Every function returns the paths it wrote, or an empty list when the runs hold nothing to draw.
+Every ``plot_*`` function returns the paths it wrote, or an empty list when the runs hold nothing to
+draw; a scheme has the same colour in every figure (:func:`mesh_model.probe_plots.scheme_color`).
 """
 
 from __future__ import annotations
@@ -17,43 +18,55 @@ from typing import Any
 
 import pandas as pd
 
-from mesh_model.probe_plots import _figure, _save, plot_comparison
+from mesh_model.probe_plots import LINE_STYLES, MARKERS, _figure, _save, plot_comparison, scheme_color, variant_index
 from results.aggregate import Results, Row
 from results.paper import PaperRow
 
 
-def _scheme_colors(rows: Sequence[Row]) -> dict[str, Any]:
-    from matplotlib import colormaps
-
-    schemes = list(dict.fromkeys(r.scheme for r in rows))
-    cmap = colormaps["tab10"] if len(schemes) <= 10 else colormaps["tab20"]
-    return {s: cmap(i % cmap.N) for i, s in enumerate(schemes)}
+def _marker_styles(rows: Sequence[Row]) -> dict[str, int]:
+    """row label -> k: the row is the k-th of its scheme (its marker / line style in the figures)."""
+    return dict(zip((r.label for r in rows), variant_index(r.scheme for r in rows), strict=True))
 
 
-def plot_ppl_vs_params(results: Results, out_dir: str | Path, stem: str = "ppl_vs_params") -> list[Path]:
+def ppl_vs_params_figure(results: Results) -> Any | None:
     """One panel per preset: x the non-embedding parameters in % of vanilla, y the key PPL, error bars
-    the sample std over seeds; every point labelled with its scheme and layout."""
+    the sample std over seeds; each row a point in its scheme's colour (the k-th row of a scheme
+    with the k-th marker), named in the panel's legend beside it, so that no label covers another.
+    None when no row has both numbers."""
     metric = results.ppl_metric
     by_preset: dict[str, list[Row]] = {}
     for row in results.rows:
         if metric in row.stats and "params_pct_of_vanilla" in row.stats:
             by_preset.setdefault(row.preset, []).append(row)
     if not by_preset:
-        return []
-    colors = _scheme_colors([r for rows in by_preset.values() for r in rows])
-    fig, axes = _figure(0.5 + 5.5 * len(by_preset), 4.2, ncols=len(by_preset))
+        return None
+    fig, axes = _figure(0.5 + 8.0 * len(by_preset), 4.2, ncols=len(by_preset))
     for ax, (preset, rows) in zip(axes, by_preset.items(), strict=True):
+        variants = _marker_styles(rows)
         for row in rows:
             stat = row.stats[metric]
-            x = row.stats["params_pct_of_vanilla"].mean
-            ax.errorbar(x, stat.mean, yerr=stat.std or 0.0, fmt="o", color=colors[row.scheme], capsize=3)
-            ax.annotate(row.label, (x, stat.mean), textcoords="offset points", xytext=(5, 4), fontsize=7)
+            ax.errorbar(
+                row.stats["params_pct_of_vanilla"].mean,
+                stat.mean,
+                yerr=stat.std or 0.0,
+                fmt=MARKERS[variants[row.label] % len(MARKERS)],
+                color=scheme_color(row.scheme),
+                capsize=3,
+                label=f"{row.label} (n={stat.n})",
+            )
         ax.set_xlabel("non-embedding parameters (% of vanilla)")
         ax.set_ylabel(results.metric_label)
         ax.set_title(preset)
         ax.grid(alpha=0.3)
         ax.margins(x=0.15, y=0.12)
-    return _save(fig, out_dir, stem)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def plot_ppl_vs_params(results: Results, out_dir: str | Path, stem: str = "ppl_vs_params") -> list[Path]:
+    """:func:`ppl_vs_params_figure`, saved."""
+    fig = ppl_vs_params_figure(results)
+    return [] if fig is None else _save(fig, out_dir, stem)
 
 
 def _slots(row: Row) -> int | None:
@@ -67,7 +80,8 @@ def plot_buffer_slots(
     results: Results, out_dir: str | Path, paper: Sequence[PaperRow] = (), stem: str = "buffer_slots"
 ) -> list[Path]:
     """PPL against B for MeSH rows of the same preset, layout and other settings, when at least two
-    B were run; error bars are the sample std over seeds. The paper's B ablation is drawn dashed
+    B were run, in MeSH's colour (a marker and line style per series); error bars are the sample
+    std over seeds. The paper's B ablation is drawn dashed
     where its preset and layout match."""
     metric = results.ppl_metric
     series: dict[tuple[str, str, str], list[Row]] = {}
@@ -78,13 +92,15 @@ def plot_buffer_slots(
     if not series:
         return []
     fig, (ax,) = _figure(5.5, 4.0)
-    for (preset, layout, overrides), rows in series.items():
+    for k, ((preset, layout, overrides), rows) in enumerate(series.items()):
         label = " ".join(filter(None, [preset, layout, overrides]))
         ax.errorbar(
             [_slots(r) for r in rows],
             [r.stats[metric].mean for r in rows],
             yerr=[r.stats[metric].std or 0.0 for r in rows],
-            marker="o",
+            marker=MARKERS[k % len(MARKERS)],
+            linestyle=LINE_STYLES[k % len(LINE_STYLES)],
+            color=scheme_color("mesh"),
             capsize=3,
             label=f"{label} (n={'/'.join(str(r.stats[metric].n) for r in rows)})",
         )
@@ -98,7 +114,7 @@ def plot_buffer_slots(
                 [p.values["ppl"].value for p in reference],
                 "--",
                 marker="s",
-                color="grey",
+                color="black",
                 label=f"paper ({preset} {layout})",
             )
     from matplotlib.ticker import MaxNLocator
@@ -112,46 +128,45 @@ def plot_buffer_slots(
     return _save(fig, out_dir, stem)
 
 
-def plot_train_loss(
-    results: Results, histories: pd.DataFrame, out_dir: str | Path, stem: str = "train_loss"
-) -> list[Path]:
-    """One panel per block, one curve per row: ``train/loss`` averaged over the row's seeds at each
-    logged step, with a ± sample-std band where two or more seeds logged the step."""
+def train_loss_figure(results: Results, histories: pd.DataFrame) -> Any | None:
+    """One panel per block, one curve per row in its scheme's colour (the k-th row of a scheme with
+    the k-th line style): ``train/loss`` averaged over the row's seeds at each logged step, with a
+    ± sample-std band where two or more seeds logged the step. None when nothing was logged."""
     if histories.empty:
-        return []
+        return None
     blocks = [b for b in results.blocks if any(histories["run_id"].isin(r.run_ids).any() for r in b.rows)]
     if not blocks:
-        return []
-    colors = _scheme_colors(results.rows)
+        return None
     fig, axes = _figure(0.5 + 5.5 * len(blocks), 4.0, ncols=len(blocks))
-    styles = ["-", "--", ":", "-."]
     for ax, block in zip(axes, blocks, strict=True):
-        seen: dict[str, int] = {}
+        variants = _marker_styles(block.rows)
         for row in block.rows:
             curve = histories[histories["run_id"].isin(row.run_ids)].groupby("step")["value"]
             if not len(curve):
                 continue
             mean, std, count = curve.mean(), curve.std(ddof=1), curve.count()
-            style = styles[seen.get(row.scheme, 0) % len(styles)]
-            seen[row.scheme] = seen.get(row.scheme, 0) + 1
-            n = len(row.run_ids)
-            ax.plot(mean.index, mean.values, style, color=colors[row.scheme], label=f"{row.label} (n={n})")
+            style = LINE_STYLES[variants[row.label] % len(LINE_STYLES)]
+            color = scheme_color(row.scheme)
+            ax.plot(mean.index, mean.values, style, color=color, label=f"{row.label} (n={row.n})")
             band = count >= 2
             if band.any():
                 ax.fill_between(
-                    mean.index[band],
-                    (mean - std)[band],
-                    (mean + std)[band],
-                    color=colors[row.scheme],
-                    alpha=0.15,
-                    linewidth=0,
+                    mean.index[band], (mean - std)[band], (mean + std)[band], color=color, alpha=0.15, linewidth=0
                 )
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
         ax.set_title(block.name)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, out_dir, stem)
+    return fig
+
+
+def plot_train_loss(
+    results: Results, histories: pd.DataFrame, out_dir: str | Path, stem: str = "train_loss"
+) -> list[Path]:
+    """:func:`train_loss_figure`, saved."""
+    fig = train_loss_figure(results, histories)
+    return [] if fig is None else _save(fig, out_dir, stem)
 
 
 def slug(text: str) -> str:
@@ -161,20 +176,17 @@ def slug(text: str) -> str:
 def plot_probes(results: Results, reports: Mapping[str, Any], out_dir: str | Path) -> dict[str, dict[str, list[Path]]]:
     """For each block with probe reports: the probe figures of its rows side by side (updates, RBF
     and linear CKA, spectra), each row drawn from the report of its first seed that has one
-    (looped rows first).
+    (in the block's order, each in its scheme's colour).
     Returns block name -> figure -> paths."""
     figures = {}
     for block in results.blocks:
-        chosen = {}
+        chosen, schemes = {}, {}
         for row in block.rows:
             run_id = next((r for r in row.run_ids if r in reports), None)
             if run_id is not None:
-                chosen[row.label] = reports[run_id]
+                chosen[row.label], schemes[row.label] = reports[run_id], row.scheme
         if chosen:
-            # plot_comparison orders the update bars by the first report's blocks: a looped row first
-            # gives prelude, core1..coreK, coda (a vanilla one has only prelude and coda)
-            ordered = dict(sorted(chosen.items(), key=lambda item: -len(item[1].updates)))
-            figures[block.name] = plot_comparison(ordered, Path(out_dir) / slug(block.name))
+            figures[block.name] = plot_comparison(chosen, Path(out_dir) / slug(block.name), schemes=schemes)
     return figures
 
 
@@ -189,4 +201,12 @@ def probe_seeds(results: Results, reports: Mapping[str, Any]) -> dict[str, str]:
     return seeds
 
 
-__all__ = ["plot_buffer_slots", "plot_ppl_vs_params", "plot_probes", "plot_train_loss", "probe_seeds"]
+__all__ = [
+    "plot_buffer_slots",
+    "plot_ppl_vs_params",
+    "plot_probes",
+    "plot_train_loss",
+    "ppl_vs_params_figure",
+    "probe_seeds",
+    "train_loss_figure",
+]

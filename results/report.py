@@ -20,7 +20,7 @@ from results.claims import Evaluation
 from results.claims_md import summary_table, write_claims
 from results.paper import load_paper_numbers
 from results.render import markdown_escape
-from results.stats import ALPHA, METHOD, METHOD_SHORT, diff_text, format_p
+from results.stats import ALPHA, METHOD, METHOD_SHORT, Comparison, diff_text, format_p
 
 FIGURES = "figures"
 
@@ -175,17 +175,29 @@ def _what_was_run(results: Results, experiments: Sequence[str], tracking_uri: st
     return lines
 
 
+def _versus_next(comparison: Comparison) -> str:
+    """Whether the best row is better than the next one: significant at α, or not."""
+    if not comparison.tested:
+        return f"no test ({comparison.reason}): not shown to be better than the next"
+    if comparison.p is not None and comparison.p < ALPHA:
+        return f"p = {format_p(comparison.p)}, {comparison.test}: better than the next beyond seed noise"
+    return f"p = {format_p(comparison.p)}, {comparison.test}: **not significantly better than the next**"
+
+
 def _headline(results: Results) -> list[str]:
-    """One line per block: the row with the best mean of the key metric, and its differences
-    against vanilla and base with their tests."""
+    """One line per block: the row with the best mean of the key metric, whether it is significantly
+    better than the next best row, and its differences against vanilla and base with their tests."""
     metric = results.ppl_metric
     lines = []
     for block in results.blocks:
-        valued = [r for r in block.rows if metric in r.stats]
+        valued = sorted(
+            (r for r in block.rows if metric in r.stats),
+            key=lambda r: r.stats[metric].mean,
+            reverse=not results.lower_is_better,
+        )
         if len(valued) < 2:
             continue
-        pick = min if results.lower_is_better else max
-        best = pick(valued, key=lambda r: r.stats[metric].mean)
+        best, runner_up = valued[0], valued[1]
         stat = best.stats[metric]
         scale, unit = (100.0, " points") if is_accuracy(metric) else (1.0, "")
         decimals = decimals_for(metric, stat.mean)
@@ -193,9 +205,18 @@ def _headline(results: Results) -> list[str]:
             f"* {markdown_escape(block.name)}: best mean `{best.label}`, {results.metric_label} "
             f"{stat.text(decimals, scale)}"
         )
+        comparison = best.compare(runner_up, metric)
+        if comparison is not None:
+            comparison = comparison.scaled(scale)
+            line += (
+                f"; {diff_text(comparison, decimals)}{unit} vs the next, `{runner_up.label}` "
+                f"({_versus_next(comparison)})"
+            )
         for scheme in ("vanilla", "base"):
             reference = block.reference(best, scheme, same_layout=scheme == "base")
-            comparison = best.compare(reference, metric) if reference is not None and reference is not best else None
+            if reference is None or reference is best or reference is runner_up:
+                continue
+            comparison = best.compare(reference, metric)
             if comparison is None:
                 continue
             comparison = comparison.scaled(scale)
@@ -205,7 +226,8 @@ def _headline(results: Results) -> list[str]:
     if lines:
         lines.append(
             f"* Δ: difference of means with its 95% CI; p: {METHOD_SHORT}. p ≥ {ALPHA} is within seed-to-seed "
-            'noise; "best mean" ranks means only.'
+            'noise; "best mean" ranks means only: a best row not significantly better than the next is tied '
+            "with it at this number of seeds."
         )
     return lines
 

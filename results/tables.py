@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mesh_model.probe_plots import block_order, shown_blocks
 from results.aggregate import Block, Results, Row, Stat, decimals_for, is_accuracy
 from results.stats import ALPHA, METHOD, diff_text, format_p
 
@@ -131,8 +132,10 @@ def _identity_record(block: Block, row: Row) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Spec:
     """What a group of columns shows. ``kind``: ``params`` | ``pct`` | ``stat`` | ``stat%`` (one
-    column of ``key``), ``paper`` (the paper's number ``key``), ``compare`` (three columns: Δ with
-    its 95% CI, p and test of ``metric`` against the block's ``key`` row, named ``label``)."""
+    column of ``key``), ``update`` (the probe ``metric`` (``update`` or ``state_update``) of block
+    ``key`` as shown, see :func:`_shown_blocks`), ``paper`` (the paper's number ``key``),
+    ``compare`` (three columns: Δ with its 95% CI, p and test of ``metric`` against the block's
+    ``key`` row, named ``label``)."""
 
     kind: str
     key: str
@@ -164,6 +167,11 @@ def _spec_cells(spec: Spec, block: Block, row: Row, record: dict[str, Any]) -> l
         scale = 100.0 if kind == "stat%" else 1.0
         _stat_record(record, f"{key}_pct" if kind == "stat%" else key, row.stats.get(key), scale)
         return [_stat_cell(row, key, scale)]
+    if kind == "update":  # key: the block shown; a row without it (vanilla: no coda) leaves it empty
+        logged = _shown_blocks(row, spec.metric).get(key)
+        metric = f"probe/{spec.metric}/{logged}/mean" if logged else ""
+        _stat_record(record, f"probe/{spec.metric}/{key}/mean", row.stats.get(metric))
+        return [_stat_cell(row, metric)]
     if kind == "paper":
         value = row.paper.get(key)
         record[f"paper_{key}"] = value.value if value else None
@@ -283,19 +291,17 @@ PROBE_COMPARED = (
 )
 
 
-def _block_order(name: str) -> tuple[int, int]:
-    if name == "prelude":
-        return (0, 0)
-    if name.startswith("core") and name[4:].isdigit():
-        return (1, int(name[4:]))
-    return (2, 0)
+def _shown_blocks(row: Row, kind: str) -> dict[str, str]:
+    """The update blocks of ``row`` a reader sees -> the block logged under ``probe/<kind>/<block>/mean``
+    (:func:`mesh_model.probe_plots.shown_blocks`: a vanilla row has one, ``stack``)."""
+    prefix = f"probe/{kind}/"
+    logged = [m.split("/")[2] for m in row.stats if m.startswith(prefix) and m.endswith("/mean")]
+    return shown_blocks(logged, vanilla=row.scheme == "vanilla")
 
 
 def _update_blocks(rows: list[Row], kind: str) -> list[str]:
-    """The blocks with a ``probe/<kind>/<block>/mean`` metric, prelude first, then core1..K, then coda."""
-    prefix = f"probe/{kind}/"
-    found = {m.split("/")[2] for r in rows for m in r.stats if m.startswith(prefix) and m.endswith("/mean")}
-    return sorted(found, key=_block_order)
+    """The blocks any row shows: stack (vanilla), prelude, core1..K, coda."""
+    return sorted({b for r in rows for b in _shown_blocks(r, kind)}, key=block_order)
 
 
 def probe_table(results: Results) -> Table | None:
@@ -304,9 +310,11 @@ def probe_table(results: Results) -> Table | None:
     logged, the loop states' effective rank, then the tested differences against base."""
     rows = results.rows
     present = {m for r in rows for m in r.stats}
-    metrics = [(f"probe/update/{b}/mean", f"update {b}") for b in _update_blocks(rows, "update")]
-    metrics += [(f"probe/state_update/{b}/mean", f"state update {b}") for b in _update_blocks(rows, "state_update")]
-    metrics += [
+    updates = [Spec("update", b, f"update {b}", metric="update") for b in _update_blocks(rows, "update")]
+    updates += [
+        Spec("update", b, f"state update {b}", metric="state_update") for b in _update_blocks(rows, "state_update")
+    ]
+    metrics = [
         (m, h)
         for m, h in (
             ("probe/update/core_balance", "core balance"),
@@ -323,15 +331,16 @@ def probe_table(results: Results) -> Table | None:
                 metrics.append((metric, header))
     if "probe/erank/loop_mean" in present:
         metrics.append(("probe/erank/loop_mean", "erank h1..hK"))
-    if not metrics:
+    if not metrics and not updates:
         return None
-    specs = [Spec("stat", metric, header) for metric, header in metrics]
+    specs = updates + [Spec("stat", metric, header) for metric, header in metrics]
     compared = [(m, label) for m, label in PROBE_COMPARED if m in present]
     specs += [Spec("compare", "base", metric=m, label=label) for m, label in compared]
     notes = [
         "Each cell: the probe's value on held-out samples, then mean ± sample std (ddof=1) over seeds.",
         "update <block>: the block's own update, core update f(h) vs h: 2|f(h)-h|/(|f(h)|+|h|) (the paper's "
-        "probe). state update <block>: the same measure between consecutive states h(t-1) -> h(t), which "
+        "probe); update stack: a vanilla row's one stack of layers, embedding to output (it has no prelude, "
+        "core or coda, and those columns are empty for it). state update <block>: the same measure between consecutive states h(t-1) -> h(t), which "
         "includes what the scheme adds to f(h). core balance / state balance: min/max of the core "
         "iterations' update / state update (1 = balanced).",
         "CKA <estimator> h(t),h(t+1): mean over consecutive loop states (rbf: the paper's biased RBF "

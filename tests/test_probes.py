@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mesh_model import ModelConfig, build_model
-from mesh_model.probe_plots import plot_comparison, plot_report
+from mesh_model.probe_plots import plot_comparison, plot_report, scheme_color, updates_figure
 from mesh_model.probes import (
     ESTIMATORS,
     _centred_gram,
@@ -374,3 +374,19 @@ def test_plots_write_png_and_svg_and_leave_no_figure_open(reports, tmp_path):
         else:
             assert path.suffix == ".svg" and b"<svg" in path.read_bytes()[:2048]
     assert plt.get_fignums() == before
+
+
+def test_update_figure_shows_a_real_vanilla_model_as_one_stack_in_its_schemes_colour(reports):
+    from matplotlib.colors import to_hex
+
+    vanilla = probe_report(build_model(ModelConfig.from_preset("tiny", layout="6")), [torch.randint(0, 2048, (2, 16))])
+    fig = updates_figure({"vanilla 6": vanilla, "mesh 1+2R3+1": reports["mesh"][2]})
+    own, state = fig.axes
+    assert [t.get_text() for t in own.get_xticklabels()] == ["stack", "prelude", "core1", "core2", "core3", "coda"]
+    bars = {c.get_label(): c for c in own.containers if hasattr(c, "patches")}
+    assert len(bars["vanilla 6"].patches) == 1  # its stack: no prelude, no coda of 0 layers
+    assert bars["vanilla 6"].patches[0].get_height() == pytest.approx(vanilla.updates["prelude"][0])
+    assert len(bars["mesh 1+2R3+1"].patches) == 5
+    for label, scheme in (("vanilla 6", "vanilla"), ("mesh 1+2R3+1", "mesh")):
+        assert to_hex(bars[label].patches[0].get_facecolor()) == scheme_color(scheme)
+    assert [h.get_label() for h in state.get_legend_handles_labels()[0]] == ["mesh 1+2R3+1"]  # no state update

@@ -66,8 +66,13 @@ def _cell_metrics(scheme, preset, ppl, zero_shot):
         "params_non_embedding": params,
         "params_pct_of_vanilla": 66.67 if preset == "tiny" else pct,
         "train/loss": [(s, 8.0 - s / 50 + ppl / 1000) for s in (10, 20, 30, 40, 50)],
-        "probe/update/core1/mean": 0.5,
     }
+    if scheme == "vanilla":  # what the probes log for one stack: prelude (all its layers), coda (0 layers)
+        metrics.update({"probe/update/prelude/mean": 0.8, "probe/update/coda/mean": 0.0})
+    else:
+        metrics["probe/update/core1/mean"] = 0.5
+        if preset != "tiny":
+            metrics["probe/update/coda/mean"] = ppl / 50
     if preset != "tiny" and scheme != "vanilla":  # the probes of today's runs; tiny's are an older run's
         metrics.update(
             {
@@ -255,6 +260,22 @@ def test_probe_table_cka_beside_its_floor_and_differences_vs_base(synthetic):
     assert r"CKA rbf h(t),h(t+1) & floor rbf" in tex and r"test (erank vs base)" in tex
 
 
+def test_probe_table_shows_a_vanilla_row_one_stack_and_no_core_or_coda(synthetic):
+    markdown = (synthetic / "probes.md").read_text()
+    rows = _block_rows(markdown, "pythia-410m, compute depth 24")
+    header, vanilla, mesh = rows["header"], rows["vanilla 24"], rows["mesh 4+8R2+4 5"]
+    assert header.index("update stack") < header.index("update core1") < header.index("update coda")
+    assert vanilla[header.index("update stack")] == "0.800 ± 0.000 (n=3)"
+    for column in ("update core1", "update coda", "state update core1", "core balance"):
+        assert vanilla[header.index(column)] == "", column  # blocks a vanilla layout does not have
+    assert mesh[header.index("update stack")] == "" and mesh[header.index("update coda")].startswith("0.181")
+    assert "update prelude" not in header  # no row logged a prelude of its own: no column
+    probes = pd.read_csv(synthetic / "probes.csv", dtype={"buffer_slots": str})
+    vanilla_csv = probes[probes.scheme == "vanilla"].iloc[0]
+    assert vanilla_csv["probe/update/stack/mean_mean"] == pytest.approx(0.8)
+    assert pd.isna(vanilla_csv["probe/update/coda/mean_mean"]) and vanilla_csv["probe/update/coda/mean_n"] == 0
+
+
 def test_report_links_and_summarises_the_claims(synthetic):
     report = (synthetic / "report.md").read_text()
     assert "[claims.md](claims.md)" in report and (synthetic / "claims.md").exists()
@@ -264,6 +285,12 @@ def test_report_links_and_summarises_the_claims(synthetic):
         in claims
     )
     assert "best mean `mesh 4+8R2+4 B5`" in report and "(p = " in report  # the summary line carries its tests
+    # ... and says whether the best row is better than the next, by the tables' test (Welch here)
+    line = next(x for x in report.splitlines() if x.startswith("* pythia-410m, compute depth 24: best mean"))
+    welch = scipy_stats.ttest_ind(SYNTHETIC[2][4], SYNTHETIC[0][4], equal_var=False)
+    assert f"vs the next, `vanilla 24` (p = {format_p(welch.pvalue)}, Welch t: " in line
+    verdict = "better than the next beyond seed noise" if welch.pvalue < 0.05 else "not significantly better"
+    assert verdict in line
 
 
 def test_paper_number_beside_the_matching_row(synthetic):

@@ -192,3 +192,20 @@ def test_model_reset_reinitialises_the_scheme_parameters():
     for router in model.state_passing.coefficient_routers:
         assert router.weight.abs().sum() == 0 and torch.equal(router.bias, torch.ones(3))
     schemes.StatePassing().reset_parameters()  # the base class has none, and says so without raising
+
+
+@pytest.mark.parametrize("text", ["foo", "residual+foo", "mesh+anchor"])
+def test_an_unknown_scheme_lists_every_name_a_run_takes_vanilla_included(text):
+    from experiments.identity import model_config_for
+
+    for build in (
+        lambda: schemes.SchemeSpec.parse(text),
+        lambda: ModelConfig.from_preset("tiny", scheme=text),
+        lambda: model_config_for({"model": "tiny", "scheme": text, "buffer_slots": None, "layout": None}),
+    ):
+        with pytest.raises(schemes.ConfigError) as error:
+            build()
+        message = str(error.value)
+        assert message.startswith(f"scheme={text!r} is invalid: ") and "\n" not in message
+        for name in ("vanilla", "base", "mesh", "static", "dynamic", "residual", "anchor", "anchor_emb"):
+            assert name in message, name

@@ -1,0 +1,228 @@
+"""The report's figures read back from their matplotlib artists: one colour per scheme everywhere,
+no label over another, readable grids of probe panels on the data's colour scale, and no value for a
+block a layout does not have."""
+
+from __future__ import annotations
+
+import itertools
+
+import pandas as pd
+import pytest
+import torch
+from matplotlib.colors import to_hex
+
+from mesh_model.probe_plots import (
+    FALLBACK_COLORS,
+    PANELS_PER_ROW,
+    SCHEME_COLORS,
+    cka_comparison_figure,
+    colour_range,
+    scheme_color,
+    spectra_comparison_figure,
+    updates_figure,
+)
+from mesh_model.probes import ESTIMATORS, ProbeReport
+from results.aggregate import Block, Results, Row, Stat
+from results.plots import plot_probes, ppl_vs_params_figure, train_loss_figure
+
+KNOWN = [
+    "vanilla",
+    "base",
+    "residual",
+    "anchor",
+    "anchor_emb",
+    "residual+anchor",
+    "anchor+anchor_emb",
+    "residual+anchor+anchor_emb",
+    "static",
+    "dynamic",
+    "mesh",
+]
+SEEDS = ("0", "1")
+
+
+def _row(scheme: str, layout: str, ppl: tuple[float, float], pct: float, slots: str = "") -> Row:
+    stats = {
+        "val/pile/ppl": Stat(ppl, SEEDS),
+        "params_pct_of_vanilla": Stat((pct, pct), SEEDS),
+    }
+    run_ids = [f"{scheme}-{layout}-{slots}-{s}" for s in SEEDS]
+    return Row("pythia-410m", scheme, layout, slots, "", run_ids, list(SEEDS), stats)
+
+
+def _block() -> list[Row]:
+    """A block like the paper's, residual and anchor at nearly the same PPL and parameters (their
+    points coincide), two MeSH rows."""
+    return [
+        _row("vanilla", "16", (9.05, 9.07), 100.0),
+        _row("base", "4+8R2+4", (9.30, 9.31), 66.67),
+        _row("residual", "4+8R2+4", (9.190, 9.200), 66.67),
+        _row("anchor", "4+8R2+4", (9.191, 9.201), 66.67),
+        _row("mesh", "4+8R2+4", (9.02, 9.04), 66.68, slots="5"),
+        _row("mesh", "4+8R2+4", (9.10, 9.12), 66.68, slots="4"),
+    ]
+
+
+def _results(rows: list[Row]) -> Results:
+    return Results([Block("pythia-410m", 16, rows)], pd.DataFrame(), ["pile"], "val_loss", "val/pile/ppl", True, [])
+
+
+def _report(loops: int | None, low: float, seed: int = 0) -> ProbeReport:
+    """A report of a vanilla (``loops`` None) or looped layout whose CKA values span [low, 1]."""
+    torch.manual_seed(seed)
+    stages = ["embedding", "prelude", "coda"] if loops is None else ["embedding", *(f"h{t}" for t in range(loops + 1))]
+    if loops is not None:
+        stages.append("coda")
+    n = len(stages)
+    values = low + (1 - low) * torch.rand(n, n, dtype=torch.float64)
+    matrix = (values + values.T) / 2
+    matrix.fill_diagonal_(1.0)
+    matrix[0, -1] = matrix[-1, 0] = low
+    blocks = ["prelude", "coda"] if loops is None else ["prelude", *(f"core{t}" for t in range(1, loops + 1)), "coda"]
+    updates = {b: (0.1 + 0.1 * i, 0.01) for i, b in enumerate(blocks)}
+    if loops is None:
+        updates["coda"] = (0.0, 0.0)  # a vanilla layout's empty coda
+    state = {f"core{t}": (0.2, 0.02) for t in range(1, (loops or 0) + 1)}
+    return ProbeReport(
+        stages=stages,
+        updates=updates,
+        state_updates=state,
+        cka_matrices={e: matrix - (0.5 if "debiased" in e else 0.0) for e in ESTIMATORS},
+        cka_floors={e: 0.5 for e in ESTIMATORS},
+        spectra={s: torch.linspace(1.0, 0.01, 8, dtype=torch.float64) for s in stages},
+        effective_ranks={s: 4.0 for s in stages},
+        samples=2,
+        top=8,
+        loops=loops,
+    )
+
+
+# ---------------------------------------------------------------- one colour per scheme
+
+
+def test_every_known_scheme_has_its_own_fixed_colour_and_unknown_names_a_stable_one():
+    assert {s: scheme_color(s) for s in KNOWN} == {s: SCHEME_COLORS[s] for s in KNOWN}
+    assert len({scheme_color(s) for s in KNOWN}) == len(KNOWN)
+    assert scheme_color("anchor*") == scheme_color("anchor_emb")  # an alias is its scheme
+    assert scheme_color("anchor+residual") == scheme_color("residual+anchor")  # one canonical sum
+    for name in ("foo", "0.5*anchor+anchor_emb", "my_scheme"):
+        assert scheme_color(name) == scheme_color(name) and scheme_color(name) in FALLBACK_COLORS
+    assert not set(FALLBACK_COLORS) & set(SCHEME_COLORS.values())
+
+
+def _artist_colours(ax) -> dict[str, str]:
+    """legend label -> the hex colour of its line, marker or bar."""
+    handles, labels = ax.get_legend_handles_labels()
+    colours = {}
+    for handle, label in zip(handles, labels, strict=True):
+        artist = handle[0] if isinstance(handle, tuple) else handle  # an errorbar container: its line
+        if hasattr(artist, "patches"):  # a bar container
+            artist = artist.patches[0]
+        getter = getattr(artist, "get_color", None) or artist.get_facecolor
+        colours[label] = to_hex(getter())
+    return colours
+
+
+def test_a_scheme_has_the_same_colour_in_the_loss_ppl_and_probe_figures():
+    rows = _block()
+    results = _results(rows)
+    histories = pd.DataFrame(
+        [{"run_id": r, "step": s, "value": 8.0 - s / 100} for row in rows for r in row.run_ids for s in (10, 20)]
+    )
+    loss = _artist_colours(train_loss_figure(results, histories).axes[0])
+    ppl = _artist_colours(ppl_vs_params_figure(results).axes[0])
+    probes = _artist_colours(
+        updates_figure(
+            {row.label: _report(None if row.scheme == "vanilla" else 2, 0.6) for row in rows},
+            {row.label: row.scheme for row in rows},
+        ).axes[0]
+    )
+    for row in rows:
+        expected = scheme_color(row.scheme)
+        assert loss[f"{row.label} (n=2)"] == ppl[f"{row.label} (n=2)"] == probes[row.label] == expected, row.label
+    # the probe figures of the report get the rows' schemes (labels alone would do here too)
+    assert probes["mesh 4+8R2+4 B5"] == probes["mesh 4+8R2+4 B4"] == SCHEME_COLORS["mesh"]
+
+
+def test_plot_probes_passes_each_rows_scheme(tmp_path, monkeypatch):
+    import results.plots as plots
+
+    seen = {}
+    monkeypatch.setattr(plots, "plot_comparison", lambda reports, out, schemes: seen.update(schemes) or {})
+    rows = [_row("vanilla", "16", (9.0, 9.1), 100.0), _row("anchor+anchor_emb", "4+8R2+4", (9.0, 9.1), 66.7)]
+    plot_probes(_results(rows), {row.run_ids[0]: _report(None, 0.6) for row in rows}, tmp_path)
+    assert seen == {"vanilla 16": "vanilla", "anchor+anchor_emb 4+8R2+4": "anchor+anchor_emb"}
+
+
+# ---------------------------------------------------------------- no label over another
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_no_two_labels_of_ppl_vs_params_overlap():
+    rows = _block()
+    fig = ppl_vs_params_figure(_results(rows))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    # the texts that name rows (legend entries and any annotation), the title and the axis labels
+    texts = [*ax.get_legend().get_texts(), *ax.texts, ax.title, ax.xaxis.label, ax.yaxis.label]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text()]
+    labels = {text for text, _ in boxes}
+    assert {f"{r.label} (n=2)" for r in rows} <= labels  # every row is named
+    for (ta, a), (tb, b) in itertools.combinations(boxes, 2):
+        assert not _overlap(a, b), (ta, tb)
+
+
+# ---------------------------------------------------------------- probe panels
+
+
+def test_cka_comparison_of_six_rows_is_a_grid_on_the_datas_colour_scale():
+    reports = {f"row{i}": _report(2 if i else None, 0.67 + 0.01 * i, seed=i) for i in range(6)}
+    fig = cka_comparison_figure(reports, "rbf")
+    images = [ax.images[0] for sub in fig.subfigs for ax in sub.axes if ax.images]
+    assert len(images) == 12  # biased and debiased, six reports each
+    for sub, estimator in zip(fig.subfigs, ("rbf", "rbf_debiased"), strict=True):
+        heatmaps = [ax for ax in sub.axes if ax.images]
+        rows = {round(ax.get_position().y0, 3) for ax in heatmaps}
+        assert len(heatmaps) == 6 and len(rows) == 2  # two rows of three
+        assert all(sum(round(ax.get_position().y0, 3) == y for ax in heatmaps) <= PANELS_PER_ROW for y in rows)
+        drawn = [ax.images[0].get_array() for ax in heatmaps]  # the values the panels show
+        low, high = min(a.min() for a in drawn), max(a.max() for a in drawn)
+        shift = 0.0 if estimator == "rbf" else 0.5
+        assert high == 1.0 - shift and 0.67 - shift <= low <= 0.68 - shift  # the data's span, not 0..1
+        assert colour_range(reports.values(), estimator) == (low, high)
+        for ax in heatmaps:
+            assert ax.images[0].get_clim() == pytest.approx((low, high))
+        assert len(sub.axes) == 7  # six heatmaps and their one colorbar
+    width, height = fig.get_size_inches()
+    assert width < 2 * height  # no strip
+
+
+def test_spectra_comparison_has_at_most_three_panels_a_row():
+    fig = spectra_comparison_figure({f"row{i}": _report(2, 0.7, seed=i) for i in range(5)})
+    ys = [round(ax.get_position().y0, 3) for ax in fig.axes]
+    assert len(fig.axes) == 5 and max(ys.count(y) for y in set(ys)) == PANELS_PER_ROW and len(set(ys)) == 2
+
+
+def test_a_vanilla_update_is_one_stack_and_shows_no_coda():
+    fig = updates_figure({"vanilla 16": _report(None, 0.6), "base 4+8R2+4": _report(2, 0.6)})
+    own = fig.axes[0]
+    assert [t.get_text() for t in own.get_xticklabels()] == ["stack", "prelude", "core1", "core2", "coda"]
+    from matplotlib.container import BarContainer
+
+    vanilla_bars = next(c for c in own.containers if isinstance(c, BarContainer))
+    assert len(vanilla_bars.patches) == 1 and vanilla_bars.patches[0].get_height() == pytest.approx(0.1)
+    assert vanilla_bars.patches[0].get_x() + vanilla_bars.patches[0].get_width() / 2 < 0.5  # at "stack"
+
+
+def test_a_vanilla_state_is_one_stack_in_the_cka_and_spectra_panels():
+    reports = {"vanilla 16": _report(None, 0.6), "base 4+8R2+4": _report(2, 0.6)}
+    vanilla, base = cka_comparison_figure(reports).subfigs[0].axes[:2]
+    assert [t.get_text() for t in vanilla.get_xticklabels()] == ["embedding", "stack"]  # no empty coda
+    assert vanilla.images[0].get_array().shape == (2, 2)
+    assert [t.get_text() for t in base.get_xticklabels()] == ["embedding", "h0", "h1", "h2", "coda"]
+    spectra = spectra_comparison_figure(reports).axes
+    assert spectra[0].get_legend_handles_labels()[1] == ["embedding", "stack"]
