@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,8 +20,9 @@ from experiments.identity import config_hash, model_config_for, run_key
 from experiments.store_check import check_runs_dir, check_tracking_uri
 from experiments.tracking import resolve_tracking_uri
 from mesh_model import PRESETS, ConfigError, ModelConfig
-from mesh_model.accounting import GB, MemoryEstimate, estimate_step_memory
-from mesh_model.loss import loss_backend
+
+if TYPE_CHECKING:  # torch is imported when a plan is made, not when a CLI starts
+    from mesh_model.accounting import MemoryEstimate
 
 GPT2_VOCAB = 50257  # the gpt2 tokenizer's vocabulary (data.tokenizer=gpt2)
 # Strategies that shard parameters, gradients and optimizer state over the devices.
@@ -83,6 +84,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
             f"data.seq_len={train.data.seq_len} is invalid: the model's max_seq_len is {model_config.max_seq_len} "
             f"(raise it with +model_overrides.max_seq_len=...)"
         )
+    from mesh_model.loss import loss_backend
+
     memory = check_memory(train, model_config)
     try:  # $MESH_LOSS_BACKEND, checked here rather than at the first step
         loss_backend("cuda" if runs_on_accelerator(train.trainer) else "cpu")
@@ -119,6 +122,8 @@ def check_memory(train: TrainConfig, model_config: ModelConfig, available: int |
     ``available`` defaults to :func:`available_memory`; where it is unknown (no CUDA on a GPU
     run, MPS, TPU) nothing is refused. CPU processes of one node (``trainer=ddp_cpu``) share the RAM.
     """
+    from mesh_model.accounting import GB, estimate_step_memory
+
     trainer = train.trainer
     activation_bytes, param_bytes = precision_bytes(trainer.resolved_precision)
     vocab = _expected_vocab(train)

@@ -1,13 +1,14 @@
 """Train one model: ``mesh-train model=tiny layout=1+2R3+1 scheme=mesh``.
 
-:func:`train` is the pure entry point (tests and sweepers import it); :func:`main` is the thin
-``@hydra.main`` wrapper that returns the objective (final validation loss).
-
 A run lives in ``<runs_dir>/<experiment>/<run key>/``: ``checkpoints/last.ckpt``, the MLflow run
 id (``mlflow_run_id``), the resolved ``config.yaml`` and, once finished, ``result.json``.
 Running the same command again resumes from ``last.ckpt`` into the same MLflow run, or, if
 the run already finished, returns its result without training.
 """
+
+# train() is the pure entry point (tests and sweepers import it); main() is the thin @hydra.main
+# wrapper that returns the objective (final validation loss); cli() answers --help and --version
+# before anything heavy is imported.
 
 from __future__ import annotations
 
@@ -19,18 +20,19 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
 
-from experiments.config import register_configs
-from experiments.identity import model_config_for
-from experiments.locks import RunInUseError, RunLock
-from experiments.overrides import OverrideError, check_overrides
-from experiments.plan import InputError, RunPlan, launched_rank, padded_vocab, plan_run
-from experiments.tracking import RunRecord, TrackingError, flatten, git_commit, isolated_tracking_uri
-from mesh_model import ConfigError, ModelConfig
+from experiments.console import quiet_libraries, take_verbose_flag, train_help
+from mesh_model.cli_text import version_line
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from experiments.plan import RunPlan
+    from experiments.tracking import RunRecord
+    from mesh_model import ModelConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +42,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Rank 0 holds the run directory's lock for the whole run: the same run started twice stops
     the second one at once (:class:`~experiments.locks.RunInUseError`)."""
+    from experiments.locks import RunLock
+    from experiments.plan import launched_rank, plan_run
+    from experiments.tracking import isolated_tracking_uri
+
+    quiet_libraries(getattr(cfg, "log_level", None))
     plan = plan_run(cfg)
     lock = RunLock(plan.run_dir) if launched_rank() == 0 else nullcontext()
     with lock:
@@ -52,6 +59,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _train(plan: RunPlan, started: float) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from experiments.identity import model_config_for
+    from experiments.plan import launched_rank, padded_vocab
+
     prepared = _prepare_data(plan)
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning 2.6 on torch >= 2.10
     import lightning.pytorch as pl  # heavy imports only once the inputs are known to be good
@@ -135,6 +147,7 @@ def _stopped(error: BaseException, trainer: Any) -> BaseException | None:
 def _prepare_data(plan: RunPlan):
     """Corpus and tokenizer problems (unreadable, empty) surface here, before Lightning loads."""
     from experiments.data.prepare import prepare
+    from experiments.plan import InputError
 
     try:
         return prepare(plan.data)
@@ -143,6 +156,8 @@ def _prepare_data(plan: RunPlan):
 
 
 def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
+    from experiments.tracking import RunRecord, git_commit
+
     tags = {
         "scheme": model_config.variant,
         "layout": model_config.layout,
@@ -165,6 +180,7 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
 
 def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_tokens: int):
     """(params, metrics, artifacts) that say what the run is and what it was built as."""
+    from experiments.tracking import flatten
     from mesh_model import count_parameters
 
     params = flatten(plan.config)
@@ -195,11 +211,13 @@ def _result(plan: RunPlan, trainer: Any, main_val: str, record: RunRecord | None
     }
 
 
-register_configs()
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
+    from experiments.locks import RunInUseError
+    from experiments.plan import InputError
+    from experiments.tracking import TrackingError
+    from mesh_model import ConfigError
+
     try:
         result = train(cfg)
     except (ConfigError, InputError, TrackingError, RunInUseError) as error:
@@ -223,25 +241,60 @@ def main(cfg: DictConfig) -> float:
     return result["objective"]
 
 
-# Hydra's flags that take a value (``--cfg job``): the value is not an override.
-HYDRA_VALUE_FLAGS = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--info", "-i")
+# Hydra's flags that take a value, as a separate argument (``--cfg job``) or after ``=``
+# (``--cfg=job``): the value is not an override. ``--info`` takes one only when it names a topic.
+HYDRA_VALUE_FLAGS = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp")
 HYDRA_VALUE_FLAGS += ("--cfg", "-c", "--package", "-p", "--experimental-rerun")
+HYDRA_INFO_FLAGS = ("--info", "-i")
+HYDRA_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
-def cli() -> None:
-    """Console script: one-line errors for bad override keys, then Hydra."""
+def override_arguments(argv: list[str]) -> list[str]:
+    """The ``key=value`` overrides among Hydra's command-line arguments (flags and their values left out)."""
     overrides, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip or arg.startswith("-"):
+    for index, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
             skip = arg in HYDRA_VALUE_FLAGS
+            if arg in HYDRA_INFO_FLAGS:
+                skip = index + 1 < len(argv) and argv[index + 1] in HYDRA_INFO_TOPICS
             continue
         overrides.append(arg)
+    return overrides
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """Console script: our own ``--help`` and ``--version`` (instant: no torch), ``-v``, one-line
+    errors for bad override keys, then Hydra."""
+    args = take_verbose_flag(list(sys.argv[1:] if argv is None else argv))
+    if "--help" in args or "-h" in args:
+        print(train_help(__doc__), end="")
+        return
+    if "--version" in args:
+        print(version_line("mesh-train"))
+        return
+    from experiments.config import register_configs
+    from experiments.overrides import OverrideError, check_overrides
+
     try:
-        check_overrides(overrides)
+        check_overrides(override_arguments(args))
     except OverrideError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    register_configs()
+    sys.argv = [sys.argv[0], *args]  # Hydra reads sys.argv (without -v)
     main()
+
+
+def __getattr__(name: str) -> Any:
+    """Names this module used to import at the top, still importable from it (``padded_vocab``)."""
+    if name in ("padded_vocab", "plan_run"):
+        from experiments import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from experiments.callbacks.checkpointing import StepCheckpoint
+from experiments.console import quiet_libraries
 from experiments.lit_module import MeshLitModule
 from experiments.plan import RunPlan
 from experiments.probing.callback import probe_callbacks
@@ -68,7 +69,11 @@ def build_trainer(
     plan: RunPlan, run_id: str | None, callbacks: list[pl.Callback], last_logged_step: int = -1
 ) -> pl.Trainer:
     """The Trainer of ``plan``, logging into MLflow run ``run_id`` (None on ranks other than 0:
-    Lightning's MLFlowLogger is a no-op there), from step ``last_logged_step`` + 1 on."""
+    Lightning's MLFlowLogger is a no-op there), from step ``last_logged_step`` + 1 on.
+
+    Lightning's start-up lines (``GPU available``, the litlogger tip, the ``srun`` hint) show only
+    at ``log_level`` info or debug (``-v``)."""
+    quiet_libraries(plan.config.get("log_level"))  # Lightning is imported now: its loggers can be set
     logger: Any = ResumedMLFlowLogger(
         experiment_name=plan.experiment,
         tracking_uri=plan.tracking_uri,

@@ -7,17 +7,16 @@ mesh-model check                  # every scheme forward+backward on the tiny pr
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
-from mesh_model.accounting import count_parameters
-from mesh_model.config import ModelConfig
+from mesh_model.cli_text import parser_for
 from mesh_model.errors import ConfigError
-from mesh_model.model import build_model
+
+if TYPE_CHECKING:
+    from mesh_model.config import ModelConfig
 
 # (preset, layout) pairs the paper reports; each gets vanilla, base and +mesh rows.
 PAPER_LAYOUTS: tuple[tuple[str, str], ...] = (
@@ -45,6 +44,11 @@ COLUMNS = ("preset", "layout", "scheme", "B", "non-embedding", "router", "% of v
 
 
 def parameter_row(config: ModelConfig, seq_len: int | None = None) -> dict[str, str]:
+    import torch  # torch only once a command runs: --help answers at once
+
+    from mesh_model.accounting import count_parameters
+    from mesh_model.model import build_model
+
     with torch.device("meta"):
         counts = count_parameters(build_model(config), seq_len)
     return {
@@ -60,6 +64,8 @@ def parameter_row(config: ModelConfig, seq_len: int | None = None) -> dict[str, 
 
 
 def paper_configs() -> Iterable[ModelConfig]:
+    from mesh_model.config import ModelConfig
+
     seen: set[tuple[str, str]] = set()
     for preset, layout in PAPER_LAYOUTS:
         base = ModelConfig.from_preset(preset, layout=layout)
@@ -92,6 +98,11 @@ def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMN
 
 def check_schemes(preset: str = "tiny", layout: str | None = None, steps: int = 3) -> list[dict[str, str]]:
     """Train each scheme a few AdamW steps on one random batch; the loss must fall."""
+    import torch
+
+    from mesh_model.config import ModelConfig
+    from mesh_model.model import build_model
+
     rows = []
     for scheme in CHECK_SCHEMES:
         torch.manual_seed(0)
@@ -120,9 +131,7 @@ def check_schemes(preset: str = "tiny", layout: str | None = None, steps: int = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mesh-model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = parser_for("mesh-model", __doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     params = sub.add_parser("params", help="print the parameter table")
     params.add_argument("--preset", help="one preset instead of the paper's rows")
@@ -134,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--preset", default="tiny")
     check.add_argument("--layout", default=None)
     args = parser.parse_args(argv)
+    from mesh_model.config import ModelConfig
+
     try:
         if args.command == "params":
             if args.preset:

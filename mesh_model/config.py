@@ -12,7 +12,7 @@ from typing import Any
 
 from mesh_model.errors import ConfigError
 from mesh_model.layout import Layout
-from mesh_model.schemes import SchemeSpec
+from mesh_model.scheme_names import SchemeSpec
 
 
 @dataclass(frozen=True)

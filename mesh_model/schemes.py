@@ -27,79 +27,18 @@ Every scheme's state is a ``LoopState`` (h, h_emb, h0); MeSH carries more in its
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from mesh_model.errors import ConfigError
-
-SUPPLEMENT_TERMS = ("residual", "anchor", "anchor_emb")
-LEARNED_SCHEMES = ("static", "dynamic", "mesh")
-SCHEME_FORMS = (
-    "use base, mesh, static, dynamic, or a '+'-joined sum of residual, anchor, anchor_emb "
-    "(optionally weighted, e.g. residual+anchor or 0.5*anchor+anchor_emb; 'core' weights f)"
+from mesh_model.scheme_names import (  # re-exported: the names were defined here before
+    SCHEME_FORMS,
+    SUPPLEMENT_TERMS,
+    UNKNOWN_SCHEME,
+    SchemeSpec,
 )
-# What an unknown scheme name answers: the model's schemes, and ``vanilla``, which a run config
-# (experiments.identity) resolves to the compute-matched plain model before a scheme is parsed.
-UNKNOWN_SCHEME = (
-    SCHEME_FORMS + "; a run config also takes vanilla (the plain model at the layout's compute depth, no core)"
-)
-_TERM = re.compile(r"^(?:(?P<coef>[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\*)?(?P<name>[a-z_]+\*?)$")
-# A fixed coefficient's magnitude is at most this: beyond it the loop's state grows by orders of
-# magnitude per iteration (and 1e400 is not even a float), which is a typo, not an ablation.
-MAX_COEFFICIENT = 100.0
-_ALIASES = {"anchor*": "anchor_emb", "anchor_star": "anchor_emb", "f": "core"}
-
-
-@dataclass(frozen=True)
-class SchemeSpec:
-    """A parsed scheme name. ``coefficients`` holds the fixed weights of a ``fixed`` sum."""
-
-    kind: str  # base | fixed | static | dynamic | mesh
-    coefficients: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def canonical(self) -> str:
-        if self.kind != "fixed":
-            return self.kind
-        terms = []
-        for name in ("core", *SUPPLEMENT_TERMS):
-            coef = self.coefficients.get(name)
-            if coef is None or (name == "core" and coef == 1.0):
-                continue
-            terms.append(name if coef == 1.0 else f"{coef:g}*{name}")
-        return "+".join(terms)
-
-    @classmethod
-    def parse(cls, text: str) -> SchemeSpec:
-        name = str(text).strip().lower().replace(" ", "")
-        if name in ("base", *LEARNED_SCHEMES):
-            return cls(kind=name)
-        coefficients: dict[str, float] = {}
-        for term in name.split("+") if name else [""]:
-            match = _TERM.match(term)
-            if match is None:
-                raise ConfigError("scheme", text, UNKNOWN_SCHEME)
-            term_name = _ALIASES.get(match.group("name"), match.group("name"))
-            if term_name not in ("core", *SUPPLEMENT_TERMS) or term_name in coefficients:
-                raise ConfigError("scheme", text, UNKNOWN_SCHEME)
-            coefficients[term_name] = _coefficient(text, term_name, match.group("coef"))
-        if not any(t in coefficients for t in SUPPLEMENT_TERMS) and coefficients.get("core", 1.0) == 1.0:
-            return cls(kind="base")
-        return cls(kind="fixed", coefficients=coefficients)
-
-
-def _coefficient(text: str, term: str, written: str | None) -> float:
-    if written is None:
-        return 1.0
-    value = float(written)
-    if not math.isfinite(value) or abs(value) > MAX_COEFFICIENT:
-        allowed = f"the coefficient of {term} ({written}) must be a finite number between -{MAX_COEFFICIENT:g} and {MAX_COEFFICIENT:g}"
-        raise ConfigError("scheme", text, allowed)
-    return value
 
 
 @dataclass

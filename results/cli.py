@@ -20,13 +20,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from results.collect import ResultsError, tracking_uri_for
+from experiments.console import quiet_libraries, take_verbose_flag
+from mesh_model.cli_text import parser_for
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mesh-results", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = parser_for("mesh-results", __doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="let MLflow and Alembic log their INFO lines")
     parser.add_argument("name", nargs="?", default="", help="experiment (sweep) name(s), comma-separated")
     parser.add_argument(
         "--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI, then sqlite in --runs-dir)"
@@ -38,13 +38,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--metric", default="val_loss", help="key metric for the summary, deltas and plots (default: val_loss)"
     )
     parser.add_argument("--paper", default=None, help=argparse.SUPPRESS)  # another numbers file (tests)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
     experiments = [n.strip() for n in args.name.split(",") if n.strip()]
     if not experiments and not args.filter:
         parser.error("give an experiment NAME (e.g. schemes) or --filter")
     label = "-".join(experiments) or "filtered"
     out = Path(args.out) if args.out else Path("results") / label
     start = time.perf_counter()
+    quiet_libraries()
+    from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
+
     try:
         from results.report import build_report
 
@@ -53,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    table = output.out_dir / "table.md"
+    if table.exists():
+        print(table.read_text().rstrip())
+        print()
     runs = output.results.runs
     finished = int((runs["status"] == "FINISHED").sum())
     print(

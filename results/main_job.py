@@ -10,10 +10,11 @@ table, figures and report from MLflow, prints the table, and says where everythi
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from mesh_model.cli_text import parser_for
 
 SWEEP = "schemes"
 
@@ -51,7 +52,7 @@ def run_main_job(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mesh-demo", description=__doc__)
+    parser = parser_for("mesh-demo", __doc__)
     parser.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per scheme (default 2)")
     parser.add_argument("--runs-dir", default="runs")

@@ -29,7 +29,7 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
-from sweeps.packing import PROCESS_BYTES, CellNeeds, Packing, choose_packing, usable_cores
+from sweeps.packing import GB, PROCESS_BYTES, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
     from experiments.plan import RunPlan
@@ -133,7 +133,7 @@ class PackedLauncher(Launcher):
         if available is not None and not any(n.alone for n in needs) and at_once * per_cell > available:
             raise LaunchError(
                 f"launcher.workers={packing.workers} is too many: {at_once} cells at once need about "
-                f"{at_once * per_cell / 1024**3:.1f} GB but {available / 1024**3:.1f} GB are available; "
+                f"{at_once * per_cell / GB:.1f} GB but {available / GB:.1f} GB are available; "
                 "lower launcher.workers, or leave it out to choose"
             )
         self._packing = packing

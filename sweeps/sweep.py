@@ -23,7 +23,6 @@ sweep file's ``hydra.sweeper.params``. Bookkeeping:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
+from experiments.console import quiet_libraries, take_verbose_flag
 from experiments.overrides import OverrideError, check_overrides
 from experiments.plan import InputError, RunPlan, plan_run
 from experiments.tracking import (
@@ -44,6 +44,7 @@ from experiments.tracking import (
     terminate_run,
 )
 from mesh_model import ConfigError
+from mesh_model.cli_text import parser_for
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
 from sweeps.config import LaunchConfig
 from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_overrides, split_arguments, sweep_key
@@ -314,18 +315,20 @@ def summary_table(name: str, outcomes: Sequence[CellOutcome]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mesh-sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = parser_for("mesh-sweep", __doc__)
     parser.add_argument("name", nargs="?", help="the grid: " + ", ".join(sweep_names()))
     parser.add_argument("overrides", nargs="*", help="key=value overrides (launcher=, resources=, seeds=, any run key)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs (count and overrides), start nothing")
     parser.add_argument("--list", action="store_true", help="list the sweeps")
-    args = parser.parse_intermixed_args(argv)
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="Lightning's and MLflow's INFO lines, in every cell"
+    )
+    args = parser.parse_intermixed_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
     if args.list or not args.name:
         for name in sweep_names():
             print(f"{name:20s} {sweep_description(name)}")
         return 0
+    quiet_libraries()  # the cells inherit the level through the environment
     try:
         return run_sweep(args.name, args.overrides, dry_run=args.dry_run)
     except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError) as error:

@@ -1,7 +1,14 @@
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import yaml
 
 from mesh_model.__main__ import main
+from mesh_model.cli_text import plain
 
 
 def test_params_table_prints_the_paper_rows(capsys):
@@ -34,3 +41,98 @@ def test_check_trains_every_scheme_and_the_loss_falls():
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[3]) < float(cells[2]), line
+
+
+# --- every console script: --version, plain-text --help; mesh-train's Hydra flags and quiet runs ---
+
+BIN = Path(sys.executable).parent
+CONSOLE_SCRIPTS = ("mesh-train", "mesh-sweep", "mesh-results", "mesh-model", "mesh-probe", "mesh-eval")
+NOISE = ("GPU available", "TPU available", "litlogger", "Creating initial MLflow database tables", "srun")
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "experiments.data"] if args[0] == "experiments.data" else [str(BIN / args[0])]
+    return subprocess.run([*command, *args[1:]], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("script", [*CONSOLE_SCRIPTS, "experiments.data"])
+def test_every_cli_prints_its_version_and_plain_help(script):
+    version = _cli(script, "--version")
+    assert version.returncode == 0, version.stderr
+    prog = "python -m experiments.data" if script == "experiments.data" else script
+    assert re.fullmatch(rf"{re.escape(prog)} \d+\.\d+\S* \(commit ([0-9a-f]{{7,}}|unknown)\)\n", version.stdout)
+    helped = _cli(script, "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "``" not in helped.stdout and ":func:`" not in helped.stdout and "--version" in helped.stdout
+
+
+def test_help_text_is_plain():
+    assert (
+        plain("run ``mesh-train`` (see :func:`~experiments.train.train`)::")
+        == "run mesh-train (see experiments.train.train):"
+    )
+
+
+def test_mesh_train_help_lists_the_run_groups_and_keys_not_hydras():
+    out = _cli("mesh-train", "--help").stdout
+    for line in ("data=shakespeare", "trainer=gpu", "optim=adamw", "scheme=base", "buffer_slots=null", "max_steps=200"):
+        assert line in out
+    for key in ("data.seq_len=", "trainer.accelerator=cpu", "optim.lr=null", "probes.num_batches=2", "runs_dir=runs"):
+        assert key in out
+    assert "activation_checkpointing=false  recompute each core iteration in backward" in out
+    assert "Powered by Hydra" not in out and "hydra/launcher" not in out and "hydra/sweeper" not in out
+    assert "resources" not in out
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--cfg", "job"],
+        ["-c", "job"],
+        ["--cfg=job"],
+        ["--cfg", "all", "--resolve"],
+        ["--cfg", "job", "--package", "data"],
+        ["-p", "data", "-c", "job", "model=mini"],
+    ],
+)
+def test_mesh_train_hydra_flags_take_their_value_in_both_forms(flags):
+    done = _cli("mesh-train", *flags)
+    assert done.returncode == 0, done.stderr
+    printed = yaml.safe_load(done.stdout)
+    data = printed if "data" in flags else printed["data"]  # --package data prints that node alone
+    assert data["corpus"] == "shakespeare"
+
+
+def test_mesh_train_info_and_a_bad_key_after_flags():
+    assert "defaults" in _cli("mesh-train", "--info", "defaults").stdout.lower()
+    bad = _cli("mesh-train", "--cfg", "job", "nosuchkey=1")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: 'nosuchkey' is not a config key")
+
+
+def test_override_arguments_skip_flag_values():
+    from experiments.train import override_arguments
+
+    argv = ["--cfg", "job", "-p", "data", "--info", "defaults", "-m", "--resolve", "--cfg=all", "seed=1", "-i", "x=2"]
+    assert override_arguments(argv) == ["seed=1", "x=2"]
+
+
+@pytest.mark.slow
+def test_a_training_run_is_quiet_by_default_and_chatty_with_v(tmp_path, tiny_overrides):
+    """The start-up lines of Lightning and MLflow stay out; -v lets them in. A fake srun on PATH
+    stands for a machine with SLURM installed (Lightning's srun hint)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake_bin / "srun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MESH_LOG_LEVEL", "MLFLOW_LOGGING_LEVEL")}
+    env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
+    run = tiny_overrides("max_steps=2", "val_every=2", "checkpoint_every=2", "probes.enabled=false")
+    quiet = _cli("mesh-train", *run, f"runs_dir={tmp_path / 'quiet'}", env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    output = quiet.stdout + quiet.stderr
+    assert [n for n in NOISE if n in output] == [], output
+    assert "[mesh-train] val loss" in quiet.stdout
+    chatty = _cli("mesh-train", "-v", *run, f"runs_dir={tmp_path / 'chatty'}", env=env)
+    assert chatty.returncode == 0, chatty.stderr
+    output = chatty.stdout + chatty.stderr
+    assert [n for n in NOISE if n not in output] == [], output

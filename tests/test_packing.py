@@ -12,10 +12,9 @@ import pytest
 
 from experiments.compose import compose_config
 from experiments.plan import plan_run
-from mesh_model.accounting import GB
 from sweeps.grid import compose_launch
 from sweeps.launchers import LaunchError, PackedLauncher
-from sweeps.packing import PROCESS_BYTES, CellNeeds, choose_packing
+from sweeps.packing import GB, PROCESS_BYTES, CellNeeds, choose_packing
 from sweeps.sweep import run_sweep
 
 SMALL = CellNeeds(int(0.25 * GB))

@@ -18,6 +18,7 @@ from experiments.data.config import CORPORA, DataConfig
 from experiments.data.corpora import load_corpus
 from experiments.data.fetch import fetch
 from experiments.data.prepare import prepare
+from mesh_model.cli_text import parser_for
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -58,7 +59,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.data", description=__doc__.splitlines()[0])
+    parser = parser_for("python -m experiments.data", __doc__)
     parser.add_argument("--cache-dir", default=None, help="default: $MESH_CACHE_DIR or ~/.cache/mesh-recursive")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download and cache corpora and tokenizer files (idempotent)")

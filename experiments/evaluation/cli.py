@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from experiments.checkpoints import RunInputError
-from experiments.evaluation.evaluate import MAX_SHOTS, EvalSettings, evaluate
+from experiments.console import quiet_libraries, take_verbose_flag
 from experiments.evaluation.suites import SUITES, TaskError
 from experiments.tracking import TrackingError
+from mesh_model.cli_text import parser_for
+
+if TYPE_CHECKING:
+    from experiments.evaluation.evaluate import EvalSettings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +41,7 @@ def _shots(value: str) -> list[int]:
 
 def parser() -> argparse.ArgumentParser:
     suites = "; ".join(f"{name} = {','.join(tasks)}" for name, tasks in SUITES.items())
-    p = _Parser(prog="mesh-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser_for("mesh-eval", __doc__, parser_class=_Parser)
     p.add_argument("target", nargs="?", help="a checkpoint (.ckpt inside a run directory) or a run directory")
     p.add_argument("--run", help="an MLflow run id instead of a path (its run_dir tag locates the checkpoint)")
     p.add_argument(
@@ -51,9 +54,7 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated lm-eval tasks, tags or suites, 'none' for perplexity only (default paper9). {suites}. "
         "paper9 downloads its datasets from the Hugging Face Hub on first use; local needs no network",
     )
-    p.add_argument(
-        "--shots", type=_shots, default=[0, 5], help=f"few-shot counts 0-{MAX_SHOTS}, comma-separated (default 0,5)"
-    )
+    p.add_argument("--shots", type=_shots, default=[0, 5], help="few-shot counts, comma-separated (default 0,5)")
     p.add_argument(
         "--limit", type=float, help="examples per task, an integer >= 1 (or a fraction in (0, 1)); for quick checks"
     )
@@ -65,11 +66,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-iters", type=int, default=1000, help="lm-eval's bootstrap for stderrs (default 1000)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
     p.add_argument("--output", help="write the report JSON here (default: <run dir>/eval/)")
-    p.add_argument("--verbose", action="store_true", help="lm-eval's own INFO logging")
+    p.add_argument("-v", "--verbose", action="store_true", help="lm-eval's, Lightning's and MLflow's INFO logging")
     return p
 
 
 def settings_from(args: argparse.Namespace) -> EvalSettings:
+    from experiments.evaluation.evaluate import EvalSettings
+
     tasks = [] if args.tasks == ["none"] else args.tasks
     return EvalSettings(
         target=args.target,
@@ -110,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("lm_eval").setLevel(logging.INFO if args.verbose else logging.ERROR)
+    take_verbose_flag(["-v"] if args.verbose else [])
+    quiet_libraries()
+    from experiments.checkpoints import RunInputError  # torch: only past --help
+    from experiments.evaluation.evaluate import evaluate
+
     try:
         report = evaluate(settings_from(args))
     except (RunInputError, TaskError, TrackingError) as error:

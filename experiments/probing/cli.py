@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.checkpoints import RunInputError, load_model, locate
+from experiments.console import quiet_libraries, take_verbose_flag
 from experiments.tracking import TrackingError
+from mesh_model.cli_text import parser_for
 
 CLI_DIR = "cli"
 
@@ -62,6 +63,7 @@ def _checked_run(config: dict[str, Any], run_dir: Path, run_id: str) -> str:
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from experiments.checkpoints import RunInputError
     from experiments.store_check import check_tracking_uri
     from experiments.tracking import resolve_tracking_uri, sqlite_path
 
@@ -80,6 +82,8 @@ def _checked_run(config: dict[str, Any], run_dir: Path, run_id: str) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    from experiments.checkpoints import RunInputError, load_model, locate
+
     files = locate(args.path)
     if files.config is None or files.run_dir is None:
         raise RunInputError(f"{str(files.checkpoint)!r} has no config.yaml beside its run (the run's resolved config)")
@@ -130,13 +134,17 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mesh-probe", description=__doc__.split("\n\n")[0])
+    parser = parser_for("mesh-probe", __doc__)
     parser.add_argument("path", help="a run dir (uses checkpoints/last.ckpt) or a .ckpt file inside one")
     parser.add_argument("--out", help="where to write figures and probes.json (default <run_dir>/probes/cli/)")
     parser.add_argument("--batches", type=int, help="held-out batches (default: the run's probes.num_batches)")
     parser.add_argument("--seq-len", type=int, help="tokens per sample (default: the run's probes.seq_len)")
     parser.add_argument("--mlflow-run", help='log into this MLflow run id, or "auto" for the run\'s own')
-    args = parser.parse_args(argv)
+    parser.add_argument("-v", "--verbose", action="store_true", help="let MLflow log its INFO lines")
+    args = parser.parse_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
+    quiet_libraries()
+    from experiments.checkpoints import RunInputError  # torch: only past --help
+
     try:
         run(args)
     except (RunInputError, TrackingError) as error:
