@@ -139,7 +139,8 @@ def test_bad_sweep_requests_answer_in_one_line(capsys, tmp_path):
     )
     assert main(["schemes", "launcher=slurmx", "--dry-run"]) == 2
     assert (
-        "launcher='slurmx' is invalid: known options: auto, local, parallel, slurm, submitit_local" in capsys.readouterr().err
+        "launcher='slurmx' is invalid: known options: auto, local, parallel, slurm, submitit_local"
+        in capsys.readouterr().err
     )
     assert main(["schemes", "layout=4+8R0+4", f"runs_dir={tmp_path}", "--dry-run"]) == 2
     assert "layout='4+8R0+4' is invalid" in capsys.readouterr().err
