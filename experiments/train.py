@@ -78,6 +78,8 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     record = _open_record(plan, model_config) if launched_rank() == 0 else None  # rank 0 owns the run
     resume_from = newest_intact_checkpoint(plan.checkpoint_dir) if plan.config["resume"] else None
+    if resume_from is not None and launched_rank() == 0:  # Lightning's own line is hidden by default
+        print(f"[mesh-train] resuming from {resume_from}", file=sys.stderr, flush=True)
     trainer = None
     try:
         pl.seed_everything(plan.config["seed"], workers=True, verbose=False)

@@ -5,7 +5,7 @@ The rule (:func:`choose_packing`), validated by ``benchmarks/grid_throughput.py`
 * On a CPU, one cell per core. A small model's step does not scale across threads (its matmuls are
   small and the Python, autograd and optimizer work between them runs on one thread), while cells
   in separate processes share nothing: on 2 cores, two tiny cells side by side with one thread
-  each finish a grid in about 0.6x the time of one cell at a time with two threads. Cores left
+  each finish the main job's grid in 0.78x the time of one cell at a time with two threads. Cores left
   over when there are fewer cells than cores go to the cells as threads.
 * Memory caps the number of cells at once: each process needs its training step's estimate
   (:func:`mesh_model.accounting.estimate_step_memory`) plus what a worker process holds before
