@@ -196,7 +196,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (one graph: the loop does not recompile)
     activation_checkpointing: bool = False  # recompute each core iteration in backward
     allow_large: bool = False  # train even when the step's memory estimate exceeds what is available
-    log_level: str | None = None  # Lightning/MLflow logging: null = warning (info under -v); info or debug shows their start-up lines
+    log_level: str | None = None  # Lightning/MLflow logging: null = warning (info under -v), info or debug
 
     def validate(self) -> None:
         """Every field of the run, its groups included; the model axes are checked by ModelConfig."""
