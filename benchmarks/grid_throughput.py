@@ -8,7 +8,7 @@ fresh ``mesh-sweep`` processes and fresh stores: ``launcher=local`` (one cell af
 process with every thread: the main job before packing) and the default ``launcher=auto`` (packed,
 sweeps/packing.py). The order alternates from pair to pair, so a machine that slows down or speeds
 up during the benchmark weighs on both sides. It prints each pair's wall times, the paired ratios
-packed / sequential (min, median, max) and the largest relative gap between the two ways' final
+packed / sequential (median, bootstrap 95% interval and spread, benchmarks/paired.py) and the largest relative gap between the two ways' final
 training losses, cell by cell (same seeds; the thread count differs, see sweeps/packing.py).
 
 Target (issue: throughput): packed <= 0.67x sequential on 2 cores.
@@ -17,7 +17,6 @@ Target (issue: throughput): packed <= 0.67x sequential on 2 cores.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import mlflow
+from paired import paired_ratio, verdict  # benchmarks/paired.py: the statistics of every A-vs-B benchmark
 
 from results.main_job import SWEEP, main_job_arguments
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=2, help="sequential/packed pairs, order alternating")
     args = parser.parse_args(argv)
 
-    ratios, gaps = [], []
+    packed, sequential, gaps = [], [], []
     with tempfile.TemporaryDirectory(prefix="grid-throughput-") as scratch:
         for pair in range(args.pairs):
             print(f"pair {pair + 1}/{args.pairs}")
@@ -79,21 +79,17 @@ def main(argv: list[str] | None = None) -> int:
                 runs_dir = Path(scratch) / f"{pair}-{name}"
                 seconds[name] = run_grid(launch, args.steps, args.seeds, runs_dir)
                 losses[name] = final_losses(runs_dir)
-            ratios.append(seconds["packed"] / seconds["sequential"])
+            packed.append(seconds["packed"])
+            sequential.append(seconds["sequential"])
             gaps.append(largest_gap(losses["packed"], losses["sequential"]))
-            print(f"    packed / sequential = {ratios[-1]:.3f}; largest final-loss gap {gaps[-1]:.1e} (relative)")
+            print(f"    packed / sequential = {packed[-1] / sequential[-1]:.3f}; largest final-loss gap {gaps[-1]:.1e}")
 
     cells = 6 * args.seeds
     print(f"\n{SWEEP} grid, {cells} cells x {args.steps} steps, {args.pairs} interleaved pair(s)")
-    print("| measure | min | median | max |\n|---|---|---|---|")
-    print(
-        f"| packed / sequential wall time | {min(ratios):.3f} | {statistics.median(ratios):.3f} | {max(ratios):.3f} |"
-    )
-    print(
-        f"| final train loss, largest relative gap | {min(gaps):.1e} | {statistics.median(gaps):.1e} | {max(gaps):.1e} |"
-    )
-    target = statistics.median(ratios) <= 0.67
-    print(f"target packed <= 0.67x sequential: {'met' if target else 'NOT met'}")
+    ratio = paired_ratio(packed, sequential)
+    print(f"packed / sequential wall time: {ratio.format()} (median [95% interval]), spread {ratio.spread()}")
+    print(f"final train loss, largest relative gap: {max(gaps):.1e}")
+    print(f"target packed <= 0.67x sequential: {verdict(ratio, at_most=0.67)}")
     return 0
 
 

@@ -29,7 +29,7 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import INTERRUPTED, Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
-from sweeps.packing import GB, PROCESS_BYTES, CellNeeds, Packing, choose_packing, usable_cores
+from sweeps.packing import GB, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
     from experiments.plan import RunPlan
@@ -128,12 +128,11 @@ class PackedLauncher(Launcher):
         available = found[0] if found else None
         needs = [CellNeeds(plan.memory.total, plan.alone) for plan in plans]
         packing = choose_packing(needs, usable_cores(), available, self.workers, self.threads)
-        per_cell = max((n.memory_bytes for n in needs), default=0) + PROCESS_BYTES
-        at_once = min(packing.workers, len(needs))
-        if available is not None and not any(n.alone for n in needs) and at_once * per_cell > available:
+        need = min(packing.workers, len(needs)) * packing.per_cell_bytes  # 0 when not estimated
+        if available is not None and need > available:
             raise LaunchError(
-                f"launcher.workers={packing.workers} is too many: {at_once} cells at once need about "
-                f"{at_once * per_cell / GB:.1f} GB but {available / GB:.1f} GB are available; "
+                f"launcher.workers={packing.workers} is too many: {min(packing.workers, len(needs))} cells at once "
+                f"need about {need / GB:.1f} GB but {available / GB:.1f} GB are available; "
                 "lower launcher.workers, or leave it out to choose"
             )
         self._packing = packing

@@ -48,6 +48,7 @@ class Packing:
     workers: int
     threads: int | None
     why: str
+    per_cell_bytes: int = 0  # the largest cell's step estimate plus its process (0: not estimated)
 
     def describe(self, cells: int) -> str:
         threads = "default threads" if self.threads is None else f"{self.threads} thread(s) each"
@@ -92,7 +93,7 @@ def choose_packing(
         why = f"launcher.workers={workers}; {cores} core(s), {memory}"
     if threads is None:
         threads = max(1, cores // min(workers, len(needs)))
-    return Packing(workers, threads, why)
+    return Packing(workers, threads, why, per_cell)
 
 
 __all__ = ["CellNeeds", "MEMORY_FRACTION", "PROCESS_BYTES", "Packing", "choose_packing", "usable_cores"]
