@@ -106,13 +106,13 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
 
     key = sweep_key(name, cells)
     launch.launcher.check(sweep_dir_for(plans[0], key) / "submitit", launch.resources)
-    to_run = [plan for plan in plans if not plan.result_file.exists()]
-    packing = launch.launcher.prepare(to_run)
+    finished = [plan.result_file.exists() for plan in plans]  # read once: packing and skipping agree
+    packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
     tracking_uri, parent_id, sweep_dir = parent_run(name, key, cells, plans)
     outcomes: dict[int, CellOutcome] = {}
     pending = []
-    for cell, plan in zip(cells, plans, strict=True):
-        if plan.result_file.exists():
+    for cell, plan, done in zip(cells, plans, finished, strict=True):
+        if done:
             outcomes[cell.index] = CellOutcome.from_result(cell, SKIPPED, json.loads(plan.result_file.read_text()))
         else:
             extra = [f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
