@@ -7,6 +7,7 @@ temporary folder, so workers never share a store.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,31 @@ def with_overrides(base: Sequence[str], *changes: str) -> list[str]:
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_delivered_as_in_a_terminal():
+    """Tests send SIGINT to the commands they start and expect what a terminal's Ctrl-C does. A
+    shell starts a background job (``.ci/run &``, ``nohup``) with SIGINT ignored, and an ignored
+    signal stays ignored in every process started below it; Python's own handler does not. So the
+    suite takes Python's default handler back for its session."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_left_as_found():
+    """A test that leaves SIGINT or SIGTERM handled differently fails, and the handlers are put back:
+    subprocesses started by later tests inherit an ignored signal, so a changed handler would make
+    the Ctrl-C and SIGTERM tests that run after it fail far from the cause."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.getsignal(sig) for sig in watched}
+    yield
+    changed = {sig: signal.getsignal(sig) for sig in watched if signal.getsignal(sig) is not before[sig]}
+    for sig in changed:
+        signal.signal(sig, before[sig])
+    assert not changed, f"the test left signal handlers changed: { {signal.Signals(s).name: h for s, h in changed.items()} }"
 
 
 @pytest.fixture(scope="session")
