@@ -85,7 +85,9 @@ def _signal_handlers_left_as_found():
     changed = {sig: signal.getsignal(sig) for sig in watched if signal.getsignal(sig) is not before[sig]}
     for sig in changed:
         signal.signal(sig, before[sig])
-    assert not changed, f"the test left signal handlers changed: { {signal.Signals(s).name: h for s, h in changed.items()} }"
+    assert not changed, (
+        f"the test left signal handlers changed: { {signal.Signals(s).name: h for s, h in changed.items()} }"
+    )
 
 
 @pytest.fixture(scope="session")
