@@ -66,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"[mesh-results] {len(runs)} runs ({finished} finished) -> {len(output.results.rows)} rows; "
         f"{output.report} ({time.perf_counter() - start:.1f}s)"
     )
+    if output.published:
+        ids = ", ".join(output.published)
+        print(f"[mesh-results] the table, the claims and the report are on the sweep's parent run in MLflow: {ids}")
     return 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from results import collect, plots, render, tables
+from results import collect, plots, publish, render, tables
 from results.aggregate import Results, aggregate, decimals_for, is_accuracy
 from results.claims import Evaluation
 from results.claims_md import summary_table, write_claims
@@ -37,6 +37,7 @@ class Output:
     runs_csv: Path | None = None
     claims: Path | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
+    published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
 
 
 def build_report(
@@ -47,9 +48,11 @@ def build_report(
     filter_string: str = "",
     metric: str = "val_loss",
     paper_file: str | Path | None = None,
+    publish_to_parents: bool = True,
 ) -> Output:
     """Read the runs of ``experiments`` (all when empty) passing ``filter_string`` from the store and
-    write tables, figures and ``report.md`` into ``out_dir``."""
+    write tables, figures and ``report.md`` into ``out_dir``; then (``publish_to_parents``) put the
+    report on the MLflow parent run of every sweep whose cells it read (results/publish.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     client = collect.open_client(tracking_uri)
@@ -102,6 +105,11 @@ def build_report(
         probe_seeds=plots.probe_seeds(results, reports),
     )
     output.report.write_text(text)
+    if publish_to_parents:
+        known = collect.experiment_ids(client, ())
+        ids = [known[name] for name in results.runs["experiment"].unique() if name in known]
+        parents = publish.sweep_parents(client, ids, results.runs["run_id"])
+        output.published = publish.publish_report(client, parents, out, name)
     return output
 
 

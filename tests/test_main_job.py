@@ -28,6 +28,7 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     experiment = client.get_experiment_by_name("schemes")
     runs = client.search_runs([experiment.experiment_id])
     children = [r for r in runs if r.data.tags.get("kind") != "sweep"]
+    (parent,) = [r for r in runs if r.data.tags.get("kind") == "sweep"]
     assert len(children) == 12 and all(r.info.status == "FINISHED" for r in children)
     assert sorted({r.data.tags["scheme"] for r in children}) == sorted(SCHEMES)
     logged: dict[str, list[float]] = {}
@@ -76,6 +77,14 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     for claim in (c.id for c in load_claims().claims if c.id != "buffer_k_plus_3_best"):
         assert verdicts.get(claim) and verdicts[claim] <= tested, (claim, verdicts.get(claim))
     assert "[claims.md](claims.md)" in report
+    # The sweep's parent run carries the report: its description (MLflow's run note) is the results
+    # table and the claims' verdicts, and the report folder is among its artifacts.
+    note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
+    assert all(line in note for line, _ in rows.values())
+    claims_summary = claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0]
+    assert "### The paper's claims" in note and claims_summary in note
+    listed = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/table.md", "report/claims.md", "report/figures"} <= listed
     # What the console shows: the table, where the report is, how to open the store.
     assert markdown.strip() in printed
     assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed

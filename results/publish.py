@@ -1,0 +1,88 @@
+"""Put a report where the grid is looked at: on the MLflow parent run of every sweep it tabulates.
+
+The parent run's description (MLflow's run note, tag ``mlflow.note.content``, rendered as Markdown
+on the run page) becomes the results table and the verdicts on the paper's claims; the report
+folder (``report.md``, tables, ``claims.md``, figures) is logged as the parent's artifacts under
+``report/``. A sweep's parent is found through its cell runs (tag ``mlflow.parentRunId``), so a
+report that reads only some of a grid's cells still lands on its parent, and a report over several
+grids lands on each of them. Re-running ``mesh-results`` replaces the note and the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+NOTE_TAG = "mlflow.note.content"
+NOTE_LIMIT = 8000  # MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+ARTIFACT_DIR = "report"
+PARENT_KIND = "sweep"  # the tag ``kind`` of a sweep's parent run (sweeps/sweep.py)
+
+
+def sweep_parents(client: Any, experiment_ids: Iterable[str], run_ids: Iterable[str]) -> list[str]:
+    """The parent runs (tag ``kind=sweep``) in ``experiment_ids`` with at least one child in ``run_ids``."""
+    wanted = set(run_ids)
+    ids = sorted(set(experiment_ids))
+    if not ids or not wanted:
+        return []
+    parents = client.search_runs(ids, f"tags.kind = '{PARENT_KIND}'", max_results=10_000)
+    found = []
+    for parent in parents:
+        children = client.search_runs(ids, f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=10_000)
+        if wanted & {child.info.run_id for child in children}:
+            found.append(parent.info.run_id)
+    return found
+
+
+def report_note(label: str, table_md: str, claims_md: str | None, when: datetime | None = None) -> str:
+    """The parent's description: the results table, then the claims' summary table; shortened to
+    MLflow's limit by leaving out the claims first, then the end of the results table."""
+    stamp = (when or datetime.now()).strftime("%Y-%m-%d %H:%M")
+    head = (
+        f"**Results: `mesh-results {label}`**, {stamp}. The whole report (tables, claims with their tests, "
+        f"figures, probes) is in this run's artifacts under `{ARTIFACT_DIR}/` (`{ARTIFACT_DIR}/report.md`).\n\n"
+    )
+    table = table_md.strip()
+    claims = _claims_summary(claims_md) if claims_md else ""
+    note = head + table + (f"\n\n### The paper's claims\n\n{claims}" if claims else "")
+    if len(note) <= NOTE_LIMIT:
+        return note
+    note = head + table
+    if len(note) <= NOTE_LIMIT:
+        return note
+    cut = f"\n\n*(cut to MLflow's {NOTE_LIMIT} characters: see `{ARTIFACT_DIR}/table.md`)*"
+    return note[: NOTE_LIMIT - len(cut)].rsplit("\n", 1)[0] + cut
+
+
+def _claims_summary(claims_md: str) -> str:
+    """The ``## Summary`` table of ``claims.md`` (one verdict per claim and block), with the line that
+    says which test the verdicts come from."""
+    lines = claims_md.splitlines()
+    test = next((line for line in lines if line.startswith("* **Test**")), "")
+    try:
+        start = lines.index("## Summary") + 1
+    except ValueError:
+        return ""
+    table = []
+    for line in lines[start:]:
+        if line.startswith("## "):
+            break
+        table.append(line)
+    body = "\n".join(table).strip()
+    return f"{body}\n\n{test}" if test else body
+
+
+def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: str) -> list[str]:
+    """Set each parent's note from ``out_dir``'s ``table.md`` and ``claims.md`` and log the folder
+    as its artifacts; returns the parents written."""
+    table = (out_dir / "table.md").read_text() if (out_dir / "table.md").exists() else ""
+    claims = (out_dir / "claims.md").read_text() if (out_dir / "claims.md").exists() else None
+    note = report_note(label, table, claims)
+    written = []
+    for parent in parents:
+        client.set_tag(parent, NOTE_TAG, note)
+        client.log_artifacts(parent, str(out_dir), ARTIFACT_DIR)
+        written.append(parent)
+    return written
