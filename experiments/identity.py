@@ -9,6 +9,10 @@ reports. Equivalent spellings (``anchor*`` / ``anchor_emb``, ``2+4r2+2`` / ``2+4
 ``results`` groups runs into table rows with :func:`distinguishes_rows`: two runs are replicates
 of one row when they differ only in keys that are run-invariant, in the seed, or in what is
 derived from the others.
+
+A run's names follow from its identity: :func:`run_key` (its folder, hash last), :func:`run_name`
+(its name in MLflow, what differs between the runs of a grid first) and :func:`model_params` (the
+resolved model as MLflow params). The plain model is ``vanilla`` in all three.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ RUN_INVARIANT_KEYS = (
 MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")
 # What repeats a cell: runs that differ only in it are replicates of one row.
 REPLICATE_KEY = "seed"
-# Params logged beside the config that follow from it (model_config.* from the resolved model,
-# model_config/* and val_names from Lightning's hyperparameters, the hash itself, the preset's LR).
+# Params logged beside the config that follow from it: model_config.* (the resolved model,
+# :func:`model_params`), val_names, the hash itself, the preset's LR; and model_config/*, the
+# duplicates Lightning logged from its hyperparameters in stores written before it stopped.
 DERIVED_PARAMS = ("config_hash", "peak_lr", "val_names", "model_config.", "model_config/")
 VANILLA = "vanilla"
 
@@ -104,7 +109,37 @@ def config_hash(config: Mapping[str, Any], model_config: ModelConfig) -> str:
 
 
 def run_key(model_config: ModelConfig, seed: int, digest: str) -> str:
-    """The run's folder name: readable coordinates, then the hash that makes it unique."""
-    scheme = model_config.scheme.replace("*", "x").replace("+", "_")
+    """The run's folder name: readable coordinates, then the hash that makes it unique
+    (``tiny-1+2R2+1-mesh-B5-s0-<hash8>``, ``tiny-6-vanilla-s0-<hash8>``).
+
+    Folders made before the plain model was named ``vanilla`` here end ``-base-s<seed>-<hash8>``;
+    :func:`experiments.plan.run_dir_for` finds them by :func:`run_key_suffix`."""
+    variant = model_config.variant.replace("*", "x").replace("+", "_")
     slots = f"-B{model_config.slots}" if model_config.slots else ""
-    return f"{model_config.preset}-{model_config.layout}-{scheme}{slots}-s{seed}-{digest[:8]}"
+    return f"{model_config.preset}-{model_config.layout}-{variant}{slots}{run_key_suffix(seed, digest)}"
+
+
+def run_key_suffix(seed: int, digest: str) -> str:
+    """How every run folder name of this seed and hash ends, whatever its readable part."""
+    return f"-s{seed}-{digest[:8]}"
+
+
+def run_name(model_config: ModelConfig, seed: int) -> str:
+    """The run's name in MLflow: what differs between the runs of a grid first, then the model
+    (``mesh B5 s0 · tiny 1+2R2+1``, ``vanilla s0 · tiny 6``), so the runs list shows the scheme
+    and seed even where it cuts names short."""
+    slots = f" B{model_config.slots}" if model_config.slots else ""
+    model = " ".join(part for part in (model_config.preset, model_config.layout) if part)
+    return f"{model_config.variant}{slots} s{seed} · {model}"
+
+
+def model_params(model_config: ModelConfig) -> dict[str, str]:
+    """The resolved model as MLflow params, ``model_config.<field>``: ``scheme`` is the variant
+    (``vanilla`` for the plain model, whose ``layout`` is its depth) and ``buffer_slots`` MeSH's
+    effective B (empty for the other schemes)."""
+    fields = {
+        **model_config.to_dict(),
+        "scheme": model_config.variant,
+        "buffer_slots": model_config.slots if model_config.slots is not None else "",
+    }
+    return {f"model_config.{key}": str(value) for key, value in fields.items()}

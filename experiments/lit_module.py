@@ -42,7 +42,9 @@ class MeshLitModule(pl.LightningModule):
         activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["optim"])
+        # Kept in checkpoints (experiments.checkpoints rebuilds the model from them), not logged:
+        # train.py logs every param once, model_config.* included.
+        self.save_hyperparameters(ignore=["optim"], logger=False)
         self.optim = optim
         self.config = ModelConfig(**model_config)
         self.model = build_model(self.config, activation_checkpointing=activation_checkpointing)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.config import OptimConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
 from experiments.data.corpora import check_text_files
-from experiments.identity import config_hash, model_config_for, run_key
+from experiments.identity import config_hash, model_config_for, run_key, run_key_suffix
 from experiments.store_check import check_runs_dir, check_tracking_uri
 from experiments.tracking import resolve_tracking_uri
 from mesh_model import PRESETS, ConfigError, ModelConfig
@@ -107,12 +107,24 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         peak_lr=train.optim.lr if train.optim.lr is not None else PRESETS[train.model].lr,
         tracking_uri=tracking_uri,
         config_hash=digest,
-        run_dir=runs_dir / train.tracking.experiment / run_key(model_config, train.seed, digest),
+        run_dir=run_dir_for(runs_dir / train.tracking.experiment, model_config, train.seed, digest),
         memory=memory,
         alone=runs_on_accelerator(train.trainer)
         or _processes(train.trainer.devices, False) > 1
         or train.trainer.num_nodes > 1,
     )
+
+
+def run_dir_for(experiment_dir: Path, model_config: ModelConfig, seed: int, digest: str) -> Path:
+    """The run's folder in ``experiment_dir``: the one :func:`~experiments.identity.run_key` names
+    or, where that does not exist, one an earlier naming gave the same run (same seed and hash:
+    ``tiny-6-base-s0-<hash8>`` for what is now ``tiny-6-vanilla-s0-<hash8>``), so that a finished
+    run is found finished and an interrupted one resumes instead of training again."""
+    folder = experiment_dir / run_key(model_config, seed, digest)
+    if folder.exists() or not experiment_dir.is_dir():
+        return folder
+    earlier = sorted(p for p in experiment_dir.glob(f"*{run_key_suffix(seed, digest)}") if p.is_dir())
+    return earlier[0] if earlier else folder
 
 
 def check_memory(train: TrainConfig, model_config: ModelConfig, available: int | None = None) -> MemoryEstimate:

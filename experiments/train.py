@@ -88,7 +88,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         val_names = [plan.data.corpus if name == "val" else name for name in datamodule.val_names]
         module = build_module(plan, model_config, val_names)
         if record is not None and record.is_new:
-            record.log_facts(*_run_facts(plan, model_config, module.model, prepared.train_tokens))
+            record.log_facts(*_run_facts(plan, model_config, module.model, prepared.train_tokens, val_names))
         timer = RunTimer(started)
         logged = record.last_logged_step if record is not None else -1
         trainer = build_trainer(plan, record and record.run_id, [timer, *run_callbacks(plan, val_names)], logged)
@@ -158,6 +158,9 @@ def _prepare_data(plan: RunPlan):
 
 
 def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
+    """The run's MLflow run, named by :func:`~experiments.identity.run_name` unless
+    ``tracking.run_name`` is set, tagged with its coordinates."""
+    from experiments.identity import run_name
     from experiments.tracking import RunRecord, git_commit
 
     tags = {
@@ -174,20 +177,23 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
     if tracking["sweep"]:
         tags["sweep"] = tracking["sweep"]
     tags.update({str(k): str(v) for k, v in tracking["tags"].items()})
-    name = tracking["run_name"] or plan.run_dir.name
+    name = tracking["run_name"] or run_name(model_config, plan.config["seed"])
     return RunRecord.open(
         plan.tracking_uri, plan.run_dir, plan.experiment, name, tags, tracking["parent_run_id"], plan.config["resume"]
     )
 
 
-def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_tokens: int):
-    """(params, metrics, artifacts) that say what the run is and what it was built as."""
+def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_tokens: int, val_names: list[str]):
+    """(params, metrics, artifacts) that say what the run is and what it was built as. Every param
+    is logged here, once: the config, the resolved model (``model_config.*``), the validation sets,
+    the hash and the learning rate (Lightning logs no hyperparameters of its own)."""
+    from experiments.identity import model_params
     from experiments.tracking import flatten
     from mesh_model import count_parameters
 
     params = flatten(plan.config)
-    params.update({f"model_config.{k}": str(v) for k, v in model_config.to_dict().items()})
-    params.update(config_hash=plan.config_hash, peak_lr=str(plan.peak_lr))
+    params.update(model_params(model_config))
+    params.update(config_hash=plan.config_hash, peak_lr=str(plan.peak_lr), val_names=str(val_names))
     counts = count_parameters(model)
     metrics = {
         "params_total": counts["total"],

@@ -3,12 +3,22 @@ change the computation; the results tables group runs with the same definition."
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
 from experiments.compose import compose_config
-from experiments.identity import RUN_INVARIANT_KEYS, changes_computation, distinguishes_rows
+from experiments.identity import (
+    RUN_INVARIANT_KEYS,
+    changes_computation,
+    distinguishes_rows,
+    identity_fields,
+    model_params,
+    run_name,
+)
 from experiments.plan import plan_run
+from experiments.train import train
 from results.collect import grouping_params
 
 
@@ -72,3 +82,59 @@ def test_the_hash_and_the_table_rows_share_one_definition():
         }
     )
     assert grouping_params(frame) == ["optim.lr"]
+
+
+# --- what a run is called: MLflow name, params, folder -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (["scheme=mesh"], "mesh B5 s0 · tiny 1+2R2+1"),  # B left to K+3
+        (["scheme=mesh", "buffer_slots=3", "layout=1+2R3+1", "seed=2"], "mesh B3 s2 · tiny 1+2R3+1"),
+        (["scheme=base"], "base s0 · tiny 1+2R2+1"),
+        (["scheme=anchor*", "seed=1"], "anchor_emb s1 · tiny 1+2R2+1"),
+        (["scheme=vanilla"], "vanilla s0 · tiny 6"),  # the plain model at the compute depth
+        (["scheme=base", "layout=6"], "vanilla s0 · tiny 6"),
+    ],
+)
+def test_run_name_starts_with_what_differs(tmp_path, overrides, name):
+    planned = plan(tmp_path, *overrides)
+    assert run_name(planned.model_config, planned.config["seed"]) == name
+
+
+def test_vanilla_is_named_vanilla_and_keeps_its_hash(tmp_path):
+    vanilla = plan(tmp_path, "scheme=vanilla")
+    assert vanilla.run_dir.name == f"tiny-6-vanilla-s0-{vanilla.config_hash[:8]}"
+    # The hash is the model's: the plain model computes as scheme base at depth 6, as before.
+    assert identity_fields(vanilla.config, vanilla.model_config)["model"]["scheme"] == "base"
+    assert vanilla.config_hash == plan(tmp_path, "scheme=base", "layout=6").config_hash
+    params = model_params(vanilla.model_config)
+    assert params["model_config.scheme"] == "vanilla" and params["model_config.layout"] == "6"
+    assert params["model_config.buffer_slots"] == ""
+    mesh = plan(tmp_path, "scheme=mesh")
+    assert model_params(mesh.model_config)["model_config.buffer_slots"] == "5"  # the effective B, K+3
+    assert mesh.run_dir.name == f"tiny-1+2R2+1-mesh-B5-s0-{mesh.config_hash[:8]}"
+
+
+def test_a_run_keeps_the_folder_an_earlier_naming_gave_it(tmp_path):
+    """Stores written before vanilla was named so hold ``<preset>-<depth>-base-s<seed>-<hash8>``:
+    the same run (same seed and hash) finds its result there instead of training again."""
+    cfg = compose_config([f"runs_dir={tmp_path}", "scheme=vanilla", "seed=1"])
+    new = plan_run(cfg).run_dir
+    digest = new.name.rsplit("-", 1)[1]
+    experiment = new.parent
+    for decoy in (f"tiny-6-base-s0-{digest}", "tiny-6-base-s1-0123abcd"):  # another seed, another hash
+        (experiment / decoy).mkdir(parents=True)
+    assert plan_run(cfg).run_dir == new
+
+    old = experiment / f"tiny-6-base-s1-{digest}"
+    old.mkdir()
+    finished = {"val_loss": 4.25, "run_dir": str(old), "steps": 7}
+    (old / "result.json").write_text(json.dumps(finished))
+    assert plan_run(cfg).run_dir == old
+    assert train(cfg) == finished  # found finished: nothing trains, no new folder
+    assert not new.exists()
+
+    new.mkdir()  # once the new folder exists, it is the run's
+    assert plan_run(cfg).run_dir == new

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from omegaconf import OmegaConf
 
+from experiments.identity import model_config_for
 from experiments.lit_module import parameter_groups
 from experiments.schedule import lr_multiplier, warmup_steps
+from experiments.tracking import flatten
 from experiments.train import train
 from mesh_model import ModelConfig, build_model, count_parameters
 
@@ -96,7 +99,8 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path, tiny_overrides):
     params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
     assert params["scheme"] == "mesh" and params["layout"] == "1+2R3+1" and params["seed"] == "3"
     assert params["optim.betas"] == "[0.9, 0.95]" and params["data.corpus"] == "shakespeare"
-    assert params["model_config.buffer_slots"] == "None" and tags["buffer_slots"] == "6"
+    assert params["model_config.buffer_slots"] == "6" and tags["buffer_slots"] == "6"  # B = K+3
+    assert run.info.run_name == "mesh B6 s3 · tiny 1+2R3+1"
     assert tags["scheme"] == "mesh" and tags["layout"] == "1+2R3+1" and tags["preset"] == "tiny"
     assert tags["seed"] == "3" and len(tags["config_hash"]) == 12 and tags["git_commit"]
     config = ModelConfig.from_preset("tiny", layout="1+2R3+1", scheme="mesh")
@@ -130,6 +134,21 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path, tiny_overrides):
     again = run_cli(*args)
     assert again.returncode == 0 and "already finished" in again.stderr
     assert len(runs_of(client)) == 1
+
+
+def test_the_mlflow_run_is_named_by_what_differs_and_logs_each_param_once(tiny_run):
+    run = tiny_run.client.get_run(tiny_run.run_id)
+    assert run.info.run_name == "mesh B5 s0 · tiny 1+2R2+1"
+    assert tiny_run.run_dir.name == f"tiny-1+2R2+1-mesh-B5-s0-{run.data.tags['config_hash'][:8]}"
+    params = run.data.params
+    # Only train.py logs params: the config, the resolved model, and what follows from them.
+    # Lightning's hyperparameters (model_config/<field>, a second spelling of each) are not logged.
+    config = OmegaConf.to_container(OmegaConf.load(tiny_run.run_dir / "config.yaml"))
+    model = {f"model_config.{field}" for field in model_config_for(config).to_dict()}
+    assert set(params) == {*flatten(config), *model, "config_hash", "peak_lr", "val_names"}
+    assert params["model_config.scheme"] == "mesh" and params["model_config.layout"] == "1+2R2+1"
+    assert params["model_config.buffer_slots"] == "5"  # the effective B (left to K+3 in the config)
+    assert params["buffer_slots"] == "None" and params["val_names"] == "['shakespeare']"
 
 
 def free_port() -> int:
