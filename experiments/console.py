@@ -1,4 +1,5 @@
-"""What the console scripts of a run share: ``mesh-train --help``, and quiet libraries by default.
+"""What the console scripts of a run share: ``mesh-train --help``, quiet libraries by default, and
+the plain lines written to a log file.
 
 ``mesh-train --help`` lists what one run can choose: the options of each config group (the files
 of ``conf/<group>/``, with their first comment line) and every key of the schema with its default
@@ -9,6 +10,9 @@ Lightning, MLflow and Alembic log their start-up chatter (``GPU available``, the
 ``Creating initial MLflow database tables``, the ``srun`` hint) at INFO or as a hint-only warning;
 :func:`quiet_libraries` keeps it out at the default level ``warning`` and lets it through at
 ``info``/``debug`` (``-v`` on the CLIs, or the run's ``log_level``).
+
+When the output is not a terminal (a SLURM log, ``nohup``), the lines of ``mesh-train`` and
+``mesh-sweep`` begin with :func:`timestamp`; :func:`duration` writes wall times and ETAs.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import ast
 import logging
 import os
 import re
+import shutil
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +83,64 @@ def take_verbose_flag(argv: list[str]) -> list[str]:
     if len(rest) != len(argv):
         os.environ[LEVEL_ENV] = "info"
     return rest
+
+
+# --- lines for a log file ------------------------------------------------------------------------
+
+# Seconds between two plain progress lines of a run whose stderr is not a terminal
+# (experiments/callbacks/progress.py); inherited by the cells of a sweep. Console only: not a config key.
+PROGRESS_ENV = "MESH_PROGRESS_EVERY_S"
+DEFAULT_PROGRESS_EVERY_S = 30.0
+
+
+def timestamp() -> str:
+    """The local time as a log line starts with it: ``2026-12-01 14:03:22``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal (a StringIO, a file or a pipe is not)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m10s``, ``2h05m``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def script_command(name: str) -> str:
+    """How to call this environment's console script ``name`` in a command to copy: its name when
+    the PATH finds this one, else its full path (a virtual environment that is not activated)."""
+    here = Path(sys.executable).parent / name
+    if not here.exists():
+        return name
+    found = shutil.which(name)
+    return name if found and Path(found).resolve() == here.resolve() else str(here)
+
+
+def progress_every_s() -> float:
+    """``$MESH_PROGRESS_EVERY_S`` (seconds, >= 0), else :data:`DEFAULT_PROGRESS_EVERY_S`. A bad value
+    is said in one line and the default used: a console setting does not stop a run."""
+    text = os.environ.get(PROGRESS_ENV, "").strip()
+    if not text:
+        return DEFAULT_PROGRESS_EVERY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        print(
+            f"[mesh-train] {PROGRESS_ENV}={text!r} is invalid (seconds >= 0); using {DEFAULT_PROGRESS_EVERY_S:g}",
+            file=sys.stderr,
+        )
+        return DEFAULT_PROGRESS_EVERY_S
+    return value
 
 
 # --- mesh-train --help ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""MLflow: where runs go, the check that the store answers, and the record every run keeps.
+"""MLflow: where runs go, the check that the store answers, the record every run keeps, and where
+the UI shows them (:func:`runs_list_url`).
 
 :class:`RunRecord` is a training run's MLflow run (open or resume, log its facts, mark it failed,
 finish it); :func:`log_metrics` and :func:`log_params` are the one place that batches writes to
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from experiments.console import script_command
 from experiments.locks import file_lock
 
 DEFAULT_DB = "mlflow.db"
@@ -185,6 +187,36 @@ def git_commit(path: Path) -> str:
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+# The MLflow UI's address when ``mlflow ui`` serves a local store (its default host and port).
+LOCAL_UI = "http://127.0.0.1:5000"
+# MLflow's run note: the run page's "Description", rendered as Markdown.
+NOTE_TAG = "mlflow.note.content"
+TAG_VALUE_LIMIT = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+
+
+def runs_list_url(tracking_uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI lists the runs of experiment ``experiment_id``: the page on an http(s)
+    tracking server; for any other store (a local sqlite file), the ``mlflow ui`` command that
+    serves it, then the page at :data:`LOCAL_UI`.
+
+    ``workflowType=machine_learning`` opens the runs table: MLflow 3's UI otherwise opens an
+    experiment on its GenAI view (traces), whatever the experiment holds."""
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/{page}"
+    return f"{script_command('mlflow')} ui --backend-store-uri {tracking_uri}, then open {LOCAL_UI}/{page}"
+
+
+def set_run_description(client: Any, run_id: str, markdown: str) -> None:
+    """Set the run's description (its note, rendered as Markdown on the run page), replacing any.
+    Text beyond MLflow's tag limit is cut at a line end, with a last line saying so."""
+    if len(markdown) > TAG_VALUE_LIMIT:
+        cut = f"\n\n*(cut at MLflow's {TAG_VALUE_LIMIT}-character limit of a run description)*"
+        kept = markdown[: TAG_VALUE_LIMIT - len(cut)]
+        markdown = kept[: kept.rfind("\n") if "\n" in kept else len(kept)] + cut
+    client.set_tag(run_id, NOTE_TAG, markdown)
 
 
 def open_run(

@@ -10,7 +10,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from experiments.callbacks.checkpointing import StepCheckpoint
-from experiments.console import quiet_libraries
+from experiments.callbacks.progress import PlainProgress
+from experiments.console import is_terminal, progress_every_s, quiet_libraries
 from experiments.lit_module import MeshLitModule
 from experiments.plan import RunPlan
 from experiments.probing.callback import probe_callbacks
@@ -31,11 +32,16 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
 
 def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
     """Checkpoints every ``checkpoint_every`` steps (and ``last.ckpt``, and on SIGTERM), probes,
-    search pruning."""
+    search pruning, and plain progress lines when stderr is not a terminal (no progress bar
+    then, see :func:`build_trainer`), every ``$MESH_PROGRESS_EVERY_S`` seconds (default 30)."""
     callbacks: list[pl.Callback] = [
         StepCheckpoint(plan.checkpoint_dir, plan.config["checkpoint_every"]),
         *probe_callbacks(plan.config["probes"], plan.run_dir),
     ]
+    if not is_terminal(sys.stderr):
+        # A cell of a sweep says which run it is: the cells of a parallel grid share one log.
+        name = f"mesh-train {plan.run_dir.name}" if plan.config["tracking"]["sweep"] else "mesh-train"
+        callbacks.append(PlainProgress(progress_every_s(), name))
     search = plan.config["search"]
     if search["trial_id"] is not None:  # a trial of an Optuna search (sweeps/search.py)
         from experiments.callbacks.pruning import OptunaPruning
@@ -95,7 +101,7 @@ def build_trainer(
         gradient_clip_val=plan.optim.grad_clip,
         logger=logger,
         callbacks=callbacks,
-        enable_progress_bar=sys.stderr.isatty(),
+        enable_progress_bar=is_terminal(sys.stderr),
         enable_model_summary=False,
         enable_checkpointing=False,  # StepCheckpoint writes the checkpoints
         use_distributed_sampler=False,  # the training sampler shards by rank itself (experiments/data/sampler.py)

@@ -7,7 +7,10 @@ lives one layer up, in results/).
 * ``cells``: a cell, its outcome and :func:`~sweeps.cells.run_cell`, which trains one;
 * ``launchers``: local, parallel, submitit_local and SLURM, one class each behind one interface;
 * ``search``: Optuna searches, whose trials are cells;
-* ``sweep``: ``mesh-sweep``: parent MLflow run, skipped and failed cells, the summary.
+* ``parent``: the sweep's MLflow parent run (what the grid is, how far it got, its summary);
+* ``progress``: what a grid prints: a line per cell start and end with the ETA, the summary table,
+  what to run next;
+* ``sweep``: ``mesh-sweep``: skipped and failed cells, Ctrl-C, the end of a grid.
 
 Depends on ``experiments`` (one run) and ``mesh_model``; nothing here is imported by them.
 """

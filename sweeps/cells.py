@@ -36,10 +36,20 @@ class CellOutcome:
     run_id: str | None = None
     run_dir: str | None = None
     error: str | None = None
+    val_ppl: float | None = None
+    steps: int | None = None
+    steps_per_s: float | None = None  # training steps per second of training time (no validation, no set-up)
+    wall_s: float | None = None  # the run's wall time (train() entry to end), else as the sweep measured it
 
     @classmethod
     def from_result(cls, cell: Cell, status: str, result: dict) -> CellOutcome:
         """From what ``train`` returns (or wrote to ``result.json``)."""
+        timing = result.get("timing") or {}
+        train_s = timing.get("steps_s", 0.0) + timing.get("between_steps_s", 0.0)
+        steps = result.get("steps")
+        # Steps over this process's training time. ``steps`` is the global step: for a resumed run it
+        # counts the steps trained before the resume too (train() reports no count of its own).
+        steps_per_s = timing.get("steps_per_s") or (steps / train_s if steps and train_s > 0 else None)
         return cls(
             cell.index,
             cell.overrides,
@@ -48,6 +58,10 @@ class CellOutcome:
             val_loss=result["val_loss"],
             run_id=result["run_id"],
             run_dir=result["run_dir"],
+            val_ppl=result.get("val_ppl"),
+            steps=steps,
+            steps_per_s=steps_per_s,
+            wall_s=timing.get("total_s"),
         )
 
     @classmethod

@@ -20,7 +20,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,9 +40,17 @@ class LaunchError(RuntimeError):
     """A launcher cannot start on this machine; the message is one line."""
 
 
+OnStart = Callable[[Cell], None]
+
+
+def no_start(cell: Cell) -> None:
+    """The default ``on_start``: nobody listens."""
+
+
 @dataclass
 class Launcher:
-    """The interface. ``launch`` yields one outcome per cell, in the order cells finish."""
+    """The interface. ``launch`` yields one outcome per cell, in the order cells finish, and calls
+    ``on_start(cell)`` when a cell starts (for a batch scheduler: when it is submitted)."""
 
     @property
     def name(self) -> str:
@@ -69,7 +77,9 @@ class Launcher:
         returns a line saying so (None: nothing to say). Refuses (LaunchError) what cannot fit."""
         return None
 
-    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
+    def launch(
+        self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path, on_start: OnStart = no_start
+    ) -> Iterator[CellOutcome]:
         raise NotImplementedError
 
 
@@ -77,12 +87,17 @@ class Launcher:
 class LocalLauncher(Launcher):
     """Sequentially, in this process: imports and the tokenized corpus are paid for once."""
 
-    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
-        yield from self.launch_with_threads(cells, None)
+    def launch(
+        self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path, on_start: OnStart = no_start
+    ) -> Iterator[CellOutcome]:
+        yield from self.launch_with_threads(cells, None, on_start)
 
-    def launch_with_threads(self, cells: Sequence[Cell], threads: int | None) -> Iterator[CellOutcome]:
+    def launch_with_threads(
+        self, cells: Sequence[Cell], threads: int | None, on_start: OnStart = no_start
+    ) -> Iterator[CellOutcome]:
         """Each cell in turn, with ``threads`` torch threads (None: leave the process's setting)."""
         for cell in cells:
+            on_start(cell)
             try:
                 outcome = run_cell(cell, threads)
             except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C: this cell stops, none other starts
@@ -138,12 +153,14 @@ class PackedLauncher(Launcher):
         self._packing = packing
         return f"packing: {packing.describe(len(plans))}"
 
-    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
+    def launch(
+        self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path, on_start: OnStart = no_start
+    ) -> Iterator[CellOutcome]:
         packing = self._packing or Packing(self.workers or 1, self.threads, "not prepared")
         if packing.workers == 1 and not self.in_processes:
-            yield from LocalLauncher().launch_with_threads(cells, packing.threads)
+            yield from LocalLauncher().launch_with_threads(cells, packing.threads, on_start)
         else:
-            yield from run_in_processes(cells, packing.workers, packing.threads)
+            yield from run_in_processes(cells, packing.workers, packing.threads, on_start)
 
 
 @dataclass
@@ -219,7 +236,7 @@ def _start(context: Any, number: int, threads: int | None) -> _Worker:
     return _Worker(process, parent)
 
 
-def _assign(worker: _Worker, cell: Cell | None) -> None:
+def _assign(worker: _Worker, cell: Cell | None, on_start: OnStart = no_start) -> None:
     """Give ``worker`` its next cell, or None: exit."""
     worker.cell, worker.outcome = cell, None
     if cell is None:
@@ -228,6 +245,8 @@ def _assign(worker: _Worker, cell: Cell | None) -> None:
         worker.pipe.send(cell)
     except (BrokenPipeError, OSError):  # it died: _wait finds it exited
         worker.closed = True
+    if cell is not None:
+        on_start(cell)
 
 
 def _receive(worker: _Worker) -> None:
@@ -264,9 +283,12 @@ def _died(exitcode: int) -> str:
     return f"worker exited with code {exitcode}"
 
 
-def run_in_processes(cells: Sequence[Cell], workers: int, threads: int | None) -> Iterator[CellOutcome]:
+def run_in_processes(
+    cells: Sequence[Cell], workers: int, threads: int | None, on_start: OnStart = no_start
+) -> Iterator[CellOutcome]:
     """Run the cells in at most ``workers`` spawned worker processes, one cell at a time each, in
-    grid order; yield each outcome as it arrives. A worker that dies fails its own cell and is
+    grid order (``on_start(cell)`` as each is sent to its worker); yield each outcome as it
+    arrives. A worker that dies fails its own cell and is
     replaced while cells are queued. On Ctrl-C (raised while waiting here, or thrown in at a
     yield), no further cell starts, the running ones are stopped (:data:`STOP_GRACE_S`) and
     reported, then KeyboardInterrupt is raised again."""
@@ -278,11 +300,11 @@ def run_in_processes(cells: Sequence[Cell], workers: int, threads: int | None) -
         while queue or any(w.cell is not None for w in pool):
             for worker in pool:  # idle workers take the next cell
                 if worker.cell is None and worker.told_to_exit_at is None and not worker.closed:
-                    _assign(worker, queue.pop(0) if queue else None)
+                    _assign(worker, queue.pop(0) if queue else None, on_start)
             while queue and len(pool) < workers:
                 pool.append(_start(context, started, threads))
                 started += 1
-                _assign(pool[-1], queue.pop(0))
+                _assign(pool[-1], queue.pop(0), on_start)
             lingering = [w for w in pool if w.told_to_exit_at is not None]
             for worker in lingering:
                 if time.monotonic() - worker.told_to_exit_at > EXIT_AFTER_OUTCOME_S:
@@ -436,13 +458,17 @@ class SubmititLocalLauncher(WorkersLauncher):
         executor.update_parameters(**_submitit_parameters(resources))
         return executor
 
-    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
+    def launch(
+        self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path, on_start: OnStart = no_start
+    ) -> Iterator[CellOutcome]:
         executor = self.executor(folder, resources)
         threads = max(1, resources.cpus_per_task // self.workers)
         for start in range(0, len(cells), self.workers):
             wave = cells[start : start + self.workers]
             with executor.batch():
                 jobs = [executor.submit(CellJob(), cell, threads) for cell in wave]
+            for cell in wave:
+                on_start(cell)
             yield from _collect(jobs, wave, stop_wait_s=sum(STOP_GRACE_S))
 
 
@@ -493,10 +519,16 @@ class SlurmLauncher(Launcher):
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
         return executor
 
-    def launch(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> Iterator[CellOutcome]:
+    def launch(
+        self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path, on_start: OnStart = no_start
+    ) -> Iterator[CellOutcome]:
+        """``on_start`` hears of each cell when the array is submitted: when SLURM starts a job
+        is not known here."""
         executor = self.executor(folder, resources)
         with executor.batch():
             jobs = [executor.submit(CellJob(), cell, None) for cell in cells]
+        for cell in cells:
+            on_start(cell)
         yield from _collect(jobs, cells)
 
 

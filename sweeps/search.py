@@ -81,7 +81,7 @@ def _template_names(template: str) -> set[str]:
 
 
 def open_study(search: SearchConfig, name: str, storage: str) -> optuna.Study:
-    existing = optuna.load_study(study_name=name, storage=storage) if _exists(name, storage) else None
+    existing = existing_study(name, storage)
     seed = search.sampler_seed + (len(existing.trials) if existing else 0)
     return optuna.create_study(
         study_name=name,
@@ -150,6 +150,11 @@ def run_search(
                 study.tell(outcome.index, state=optuna.trial.TrialState.FAIL)
             outcomes.append(outcome)
             report(outcome)
+
+
+def existing_study(name: str, storage: str) -> optuna.Study | None:
+    """The study ``name`` in ``storage``; None when there is none yet."""
+    return optuna.load_study(study_name=name, storage=storage) if _exists(name, storage) else None
 
 
 def default_storage(runs_dir: Path) -> str:

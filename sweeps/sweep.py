@@ -10,7 +10,13 @@ cell. A comma list (``scheme=base,mesh``) adds or replaces a grid axis, and a si
 an axis of the grid (``scheme=mesh``) pins it. The grid comes from the
 sweep file's ``hydra.sweeper.params``. Bookkeeping:
 
-* one MLflow parent run per sweep, one child run per cell (``tracking.parent_run_id``);
+* one MLflow parent run per sweep, one child run per cell (``tracking.parent_run_id``): the
+  parent says what the grid is (params), how it was last run (tags: command, commit, launcher),
+  how far it got (``cells_<status>`` metrics, updated as cells end) and, at the end, holds the
+  summary table as its description and ``summary.json`` (sweeps/parent.py);
+* a line when each cell starts and ends (``cell i/N``, with steps/s, val PPL, wall time and the
+  grid's ETA), timestamped when the output is not a terminal; at the end the summary table and
+  the commands that show the results (sweeps/progress.py);
 * every cell is validated before anything trains; cells whose run already finished are
   skipped, interrupted ones resume;
 * a failing cell is FAILED with its error and the others go on, also when its worker process
@@ -24,9 +30,11 @@ sweep file's ``hydra.sweeper.params``. Bookkeeping:
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from omegaconf import OmegaConf
 
@@ -34,22 +42,16 @@ from experiments.compose import compose_config
 from experiments.console import quiet_libraries, take_verbose_flag
 from experiments.overrides import OverrideError, check_overrides
 from experiments.plan import InputError, RunPlan, plan_run
-from experiments.tracking import (
-    RunRecord,
-    TrackingError,
-    artifact_location,
-    open_run,
-    prepare_sqlite_store,
-    reopen_run,
-    terminate_run,
-)
+from experiments.tracking import RunRecord, TrackingError, terminate_run
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
-from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
+from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
 from sweeps.config import LaunchConfig
 from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_overrides, split_arguments, sweep_key
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.launchers import LaunchError
+from sweeps.parent import ParentRun, grid_params
+from sweeps.progress import COMPLETED, GridConsole, next_steps, results_command, summary_table, trials_table
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
@@ -59,40 +61,25 @@ def sweep_dir_for(plan: RunPlan, key: str) -> Path:
     return plan.run_dir.parent / "sweeps" / key
 
 
-def parent_run(name: str, key: str, cells: Sequence[Cell], plans: Sequence[RunPlan]) -> tuple[str, str, Path]:
-    """(tracking URI, parent run id, sweep dir); the parent is reused when the sweep re-runs: it is
-    RUNNING again and the tags of how an earlier invocation stopped are cleared, so its final
-    status and tags are those of the latest invocation."""
-    import mlflow
-
-    first = plans[0]
-    sweep_dir = sweep_dir_for(first, key)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    prepare_sqlite_store(first.tracking_uri)
-    client = mlflow.MlflowClient(first.tracking_uri)
-    id_file = sweep_dir / "parent_run_id"
-    if id_file.exists():
-        run_id = id_file.read_text().strip()
-        reopen_run(client, run_id, client.get_run(run_id).data.tags)
-    else:
-        tags = {"sweep": name, "kind": "sweep", "cells": str(len(cells))}
-        artifacts = artifact_location(first.tracking_uri, first.run_dir.parent)
-        run_id = open_run(client, first.experiment, f"sweep:{key}", tags, artifacts)
-        client.log_dict(run_id, {"cells": [c.overrides for c in cells]}, "cells.json")
-        id_file.write_text(run_id)
-    return first.tracking_uri, run_id, sweep_dir
+def invocation_tags(command: str, launch: LaunchConfig) -> dict[str, str]:
+    """The parent's tags of this invocation (the git commit is added by :class:`ParentRun`)."""
+    return {"command": command, "launcher": launch.launcher.name}
 
 
-def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sys.stdout) -> int:
-    """Run the grid ``name``; 0 when every cell finished, 1 when one failed, 130 on Ctrl-C."""
+def run_sweep(
+    name: str, arguments: Sequence[str], dry_run: bool = False, out: TextIO = sys.stdout, command: str | None = None
+) -> int:
+    """Run the grid ``name``; 0 when every cell finished, 1 when one failed, 130 on Ctrl-C.
+    ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``)."""
     if name not in sweep_names():
         raise SweepError(f"sweep={name!r} is invalid: known sweeps: {', '.join(sweep_names())}")
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)
+    command = command or shlex.join(["mesh-sweep", name, *arguments])
     base = compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)])
     if base.search.n_trials > 0:
-        return run_search_sweep(name, base, cell_overrides, launch, dry_run, out)
+        return run_search_sweep(name, base, cell_overrides, launch, dry_run, out, command)
     cells = expand_cells(name, cell_overrides, launch.seeds)
     if extra := launch.launcher.cell_overrides(launch.resources):
         cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
@@ -101,50 +88,85 @@ def run_sweep(name: str, arguments: Sequence[str], dry_run: bool = False, out=sy
         print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
         for cell, plan in zip(cells, plans, strict=True):
             done = " [finished]" if plan.result_file.exists() else ""
-            print(f"  {cell.index:3d}  {cell.label}{done}", file=out)
+            print(f"  {cell.index + 1:3d}  {cell.label}{done}", file=out)
         return 0
 
     key = sweep_key(name, cells)
-    launch.launcher.check(sweep_dir_for(plans[0], key) / "submitit", launch.resources)
+    sweep_dir = sweep_dir_for(plans[0], key)
+    launch.launcher.check(sweep_dir / "submitit", launch.resources)
     finished = [plan.result_file.exists() for plan in plans]  # read once: packing and skipping agree
     packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
-    tracking_uri, parent_id, sweep_dir = parent_run(name, key, cells, plans)
+    shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
+    tags = invocation_tags(command, launch)
+    parent = ParentRun.open(name, key, plans[0], sweep_dir, cells, grid_params(name, cells, shared), tags)
     outcomes: dict[int, CellOutcome] = {}
     pending = []
     for cell, plan, done in zip(cells, plans, finished, strict=True):
         if done:
             outcomes[cell.index] = CellOutcome.from_result(cell, SKIPPED, json.loads(plan.result_file.read_text()))
         else:
-            extra = [f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
+            extra = [f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
             pending.append(Cell(cell.index, [*cell.overrides, *extra], cell.label))
-    fixed = " ".join(o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split())
-    print(
-        f"[mesh-sweep] {name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
-        f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {fixed or '(defaults)'}",
-        file=out,
+    console = GridConsole(out, len(cells), len(pending), launch.launcher.concurrency)
+    console.say(
+        f"{name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
+        f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {' '.join(shared) or '(defaults)'}"
     )
     if packing and pending:
-        print(f"[mesh-sweep] {packing}", file=out)
+        console.say(packing)
+    for outcome in outcomes.values():
+        console.skipped(outcome)
+    parent.try_progress(list(outcomes.values()), len(cells))
 
     def record(outcome: CellOutcome) -> None:
         cell = cells[outcome.index]
         outcome.overrides, outcome.label = cell.overrides, cell.label
-        settle_run(tracking_uri, plans[outcome.index].run_dir, outcome)
+        settle_run(parent.tracking_uri, plans[outcome.index].run_dir, outcome)
         outcomes[outcome.index] = outcome
-        print(f"[mesh-sweep] cell {outcome.index}: {outcome.status} {outcome.label}", file=out, flush=True)
+        console.ended(outcome)
+        parent.try_progress(list(outcomes.values()), len(cells))
 
+    started = launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit", console.started)
     try:
-        interrupted = launch_cells(launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit"), record)
+        interrupted = launch_cells(started, record)
     except BaseException as error:  # the sweep itself broke: its parent run says so, then it propagates
-        _close_parent(tracking_uri, parent_id, list(outcomes.values()), error=error)
+        parent.close(list(outcomes.values()), len(cells), error=error)
         raise
     ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
-    _close_parent(tracking_uri, parent_id, ordered, interrupted=interrupted)
-    (sweep_dir / "summary.json").write_text(json.dumps([o.__dict__ for o in ordered], indent=2))
-    print(summary_table(name, ordered), file=out)
+    table = summary_table(name, ordered)
+    finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
     if interrupted:
         return EXIT_INTERRUPTED
     return 1 if any(o.status == FAILED for o in ordered) else 0
+
+
+def finish(
+    parent: ParentRun,
+    plan: RunPlan,
+    sweep_dir: Path,
+    outcomes: Sequence[CellOutcome],
+    total: int,
+    table: str,
+    interrupted: bool,
+    out: TextIO,
+) -> None:
+    """The end of a grid or search, also after Ctrl-C: ``summary.json``, the parent's description
+    (``table`` and the ``mesh-results`` command) and final status, then the table and what to run
+    next on ``out``."""
+    summary = sweep_dir / "summary.json"
+    summary.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    runs_dir = Path(plan.config["runs_dir"]).expanduser().resolve()
+    command = results_command(plan.experiment, plan.tracking_uri, runs_dir, relative=False)
+    note = f"{table}\n\nThe results: `{command}`"
+    try:
+        parent.describe(note, summary)
+    except Exception as failure:  # the run's status matters more than its description
+        print(f"[mesh-sweep] could not describe the parent run {parent.run_id}: {failure}", file=sys.stderr)
+    parent.close(outcomes, total, interrupted=interrupted)
+    print(f"\n{table}\n", file=out)
+    for line in next_steps(plan.experiment, parent.experiment_id, plan.tracking_uri, runs_dir):
+        print(line, file=out)
+    out.flush()
 
 
 def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome], None]) -> bool:
@@ -197,9 +219,11 @@ def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
         print(f"[mesh-sweep] could not close MLflow run {run_id}: {str(error).splitlines()[0]}", file=sys.stderr)
 
 
-def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: LaunchConfig, dry_run: bool, out) -> int:
+def run_search_sweep(
+    name: str, base, cell_overrides: Sequence[str], launch: LaunchConfig, dry_run: bool, out: TextIO, command: str
+) -> int:
     """An Optuna search (sweeps/search.py); trials are cells under the sweep's parent run."""
-    from sweeps.search import SearchError, default_storage, distributions, run_search
+    from sweeps.search import FINISHED_STATES, SearchError, default_storage, distributions, existing_study, run_search
 
     search = OmegaConf.to_object(base.search)
     try:
@@ -210,108 +234,65 @@ def run_search_sweep(name: str, base, cell_overrides: Sequence[str], launch: Lau
     plan = plan_run(base)
     storage = search.storage or default_storage(plan.run_dir.parent.parent)
     # The study is the same however many trials are asked for: search.* stays out of its key.
-    key = sweep_key(name, [Cell(0, [o for o in overrides if not o.startswith("search.")])])
+    shared = [o for o in cell_overrides if not o.startswith("search.")]
+    key = sweep_key(name, [Cell(0, [f"+sweep={name}", *shared])])
     study_name = search.study_name or key
     if dry_run:
         print(f"{name}: Optuna search, {search.n_trials} trials, study {study_name!r} in {storage}", file=out)
         for param, distribution in space.items():
             print(f"  {param}: {distribution}", file=out)
         return 0
-    launch.launcher.check(sweep_dir_for(plan, key) / "submitit", launch.resources)
-    if packing := launch.launcher.prepare([plan] * search.n_trials):  # trials are alike in what they need
-        print(f"[mesh-sweep] {packing}", file=out)
-    tracking_uri, parent_id, sweep_dir = parent_run(name, key, [Cell(0, overrides)], [plan])
-    base_overrides = [*overrides, f"tracking.parent_run_id={parent_id}", f"tracking.sweep={name}"]
-    print(f"[mesh-sweep] {name}: Optuna search to {search.n_trials} trials, study {study_name!r}", file=out)
+    sweep_dir = sweep_dir_for(plan, key)
+    launch.launcher.check(sweep_dir / "submitit", launch.resources)
+    packing = launch.launcher.prepare([plan] * search.n_trials)  # trials are alike in what they need
+    tags = {
+        **invocation_tags(command, launch),
+        "study": study_name,
+        "search.n_trials": str(search.n_trials),
+        "search.space": " ".join(f"{k}={v}" for k, v in search.params.items()),
+    }
+    params = {"sweep": name, "overrides": " ".join(shared)}
+    parent = ParentRun.open(name, key, plan, sweep_dir, [Cell(0, overrides)], params, tags)
+    base_overrides = [*overrides, f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
+    study = existing_study(study_name, storage)
+    already = parent.earlier = sum(trial.state in FINISHED_STATES for trial in study.trials) if study else 0
+    to_run = max(0, search.n_trials - already)
+    console = GridConsole(out, search.n_trials, to_run, launch.launcher.concurrency, kind="trial", done=COMPLETED)
+    console.say(f"{name}: Optuna search to {search.n_trials} trials, {already} already finished, study {study_name!r}")
+    if packing and to_run:
+        console.say(packing)
 
     def report(outcome: CellOutcome) -> None:
         if outcome.status in (FAILED, INTERRUPTED):
-            settle_run(tracking_uri, plan_run(compose_config(outcome.overrides)).run_dir, outcome)
-        print(f"[mesh-sweep] trial {outcome.index}: {outcome.status} {outcome.label}", file=out, flush=True)
+            settle_run(parent.tracking_uri, plan_run(compose_config(outcome.overrides)).run_dir, outcome)
+        console.ended(outcome)
+        parent.try_progress(outcomes, search.n_trials)
 
     outcomes: list[CellOutcome] = []
+    interrupted = False
     try:
-        study, outcomes = run_search(
+        run_search(
             search,
             study_name,
             storage,
             base_overrides,
-            lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit"),
+            lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit", console.started),
             launch.launcher.concurrency,
             report,
             outcomes,
         )
     except KeyboardInterrupt:
-        _close_parent(tracking_uri, parent_id, outcomes, interrupted=True)
-        print(f"\n{name}: interrupted; running trials were stopped, re-run the command to resume the study", file=out)
-        return EXIT_INTERRUPTED
+        interrupted = True
     except BaseException as error:
-        _close_parent(tracking_uri, parent_id, outcomes, error=error)
+        parent.close(outcomes, search.n_trials, error=error)
         raise
-    _close_parent(tracking_uri, parent_id, outcomes)
-    lines = [f"\n{name}: {len(study.trials)} trials", "| trial | state | value | params |", "|---|---|---|---|"]
-    for trial in study.trials:
-        value = f"{trial.value:.4f}" if trial.value is not None else "-"
-        params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
-        lines.append(f"| {trial.number} | {trial.state.name} | {value} | {params} |")
-    completed = [t for t in study.trials if t.state.name == "COMPLETE"]
-    if completed:
-        lines.append(f"best: trial {study.best_trial.number}, value {study.best_value:.4f}, {study.best_params}")
-    print("\n".join(lines), file=out)
+    table = trials_table(name, existing_study(study_name, storage), outcomes)
+    if interrupted:
+        table += "\n\ninterrupted; running trials were stopped, re-run the command to resume the study"
+    finish(parent, plan, sweep_dir, outcomes, search.n_trials, table, interrupted, out)
+    if interrupted:
+        return EXIT_INTERRUPTED
     return 1 if any(o.status == FAILED for o in outcomes) else 0
-
-
-def _close_parent(
-    tracking_uri: str,
-    parent_id: str,
-    outcomes: Sequence[CellOutcome],
-    interrupted: bool = False,
-    error: BaseException | None = None,
-) -> None:
-    """Counts of cells per status, then the parent's final status: KILLED (tag ``interrupted``) on
-    Ctrl-C, FAILED when a cell failed or the sweep itself broke (tag ``error``), else FINISHED."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri)
-    try:
-        counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
-        for status, count in counts.items():
-            client.log_metric(parent_id, f"cells_{status.lower()}", count)
-        if isinstance(error, (KeyboardInterrupt, SystemExit)):
-            interrupted, error = True, None
-        if interrupted:
-            done = f"{counts[FINISHED] + counts[SKIPPED]} finished, {counts[INTERRUPTED]} interrupted"
-            client.set_tag(parent_id, "interrupted", f"Ctrl-C: {done}, {counts[NOT_STARTED]} never ran")
-            client.set_terminated(parent_id, "KILLED")
-        elif error is not None:
-            client.set_tag(parent_id, "error", f"{type(error).__name__}: {error}"[:5000])
-            client.set_terminated(parent_id, "FAILED")
-        else:
-            client.set_terminated(parent_id, "FAILED" if counts[FAILED] else "FINISHED")
-    except Exception as failure:  # the store itself failed: the sweep's own error matters more
-        if error is None:
-            raise
-        print(f"[mesh-sweep] could not close the parent run {parent_id}: {failure}", file=sys.stderr)
-
-
-def summary_table(name: str, outcomes: Sequence[CellOutcome]) -> str:
-    lines = [f"\n{name}: {len(outcomes)} cells", "| # | cell | status | val loss | note |", "|---|---|---|---|---|"]
-    for o in outcomes:
-        loss = f"{o.val_loss:.4f}" if o.val_loss is not None else "-"
-        note = o.error or o.run_dir or ""
-        lines.append(f"| {o.index} | {o.label} | {o.status} | {loss} | {note} |")
-    counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
-    if counts[INTERRUPTED] or counts[NOT_STARTED]:
-        finished = counts[FINISHED] + counts[SKIPPED]
-        lines.append(
-            f"interrupted: {finished} finished, {counts[FAILED]} failed, {counts[INTERRUPTED]} interrupted, "
-            f"{counts[NOT_STARTED]} never ran; run the same command to resume"
-        )
-    elif counts[FAILED]:
-        lines.append(f"{counts[FAILED]} failed")
-    else:
-        lines.append("all cells finished")
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -323,14 +304,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="Lightning's and MLflow's INFO lines, in every cell"
     )
-    args = parser.parse_intermixed_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
+    typed = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_intermixed_args(take_verbose_flag(typed))
     if args.list or not args.name:
         for name in sweep_names():
             print(f"{name:20s} {sweep_description(name)}")
         return 0
     quiet_libraries()  # the cells inherit the level through the environment
     try:
-        return run_sweep(args.name, args.overrides, dry_run=args.dry_run)
+        return run_sweep(args.name, args.overrides, dry_run=args.dry_run, command=shlex.join(["mesh-sweep", *typed]))
     except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,8 +136,9 @@ def test_a_killed_worker_fails_its_cell_alone_and_mlflow_agrees(tmp_path, cell):
     assert failed == ["scheme=base"] and outcomes["scheme=base"]["error"] == DIED
     assert sorted(o["status"] for o in outcomes.values()) == ["FAILED", "FINISHED", "FINISHED"]
     text = log.read_text()
-    assert table_row(text, failed[0])[2:] == ["FAILED", "-", DIED]
-    assert text.rstrip().endswith("1 failed")
+    row = table_row(text, failed[0])
+    assert row[2:6] == ["FAILED", "-", "-", "-"] and row[-1] == DIED  # status, val loss, val PPL, steps/s
+    assert "\n1 failed\n" in text
 
     parents, cells = store(runs)
     assert len(parents) == 1 and parents[0].info.status == "FAILED"
@@ -174,12 +176,26 @@ def test_ctrl_c_stops_the_grid_closes_every_run_and_exits_130(tmp_path, cell):
     (never,) = [label for label, o in outcomes.items() if o["status"] == "NOT_STARTED"]
     assert never == "scheme=anchor"  # the third cell, queued behind the two that ran
     text = log.read_text()
-    assert table_row(text, never)[2:] == ["NOT_STARTED", "-", "never ran (the grid was interrupted)"]
+    assert table_row(text, never)[2:] == ["NOT_STARTED", "-", "-", "-", "-", "never ran (the grid was interrupted)"]
+    for label in CELLS - {never}:
+        assert table_row(text, label)[2] == "INTERRUPTED" and table_row(text, label)[6].endswith("s")  # its wall time
     assert "interrupted: 0 finished, 0 failed, 2 interrupted, 1 never ran" in text
+    # A log file: the sweep's lines carry the time; the running cells started, the third never did.
+    events = [re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[mesh-sweep\] (.*)", line) for line in text.splitlines()]
+    said = [match.group(1) for match in events if match]
+    assert {e for e in said if " started " in e} == {"cell 1/3 started scheme=base", "cell 2/3 started scheme=mesh"}
+    assert len([e for e in said if " INTERRUPTED " in e]) == 2
+    # What to run next, also after Ctrl-C: the results, and the runs in the MLflow UI.
+    *_, results, ui = text.rstrip().splitlines()
+    assert results.startswith("results: ") and results.endswith("mesh-results schemes --runs-dir runs")  # its cwd's
+    assert ui.startswith("MLflow:  ") and "#/experiments/" in ui and ui.endswith("/runs?workflowType=machine_learning")
 
     parents, cells = store(runs)
     assert len(parents) == 1 and parents[0].info.status == "KILLED"
     assert "2 interrupted, 1 never ran" in parents[0].data.tags["interrupted"]
+    note = parents[0].data.tags["mlflow.note.content"]  # the same table, as the parent's description
+    assert table_row(note, never)[2] == "NOT_STARTED" and "2 interrupted, 1 never ran" in note
+    assert parents[0].data.tags["progress"] == "3/3: 2 interrupted, 1 not started"
     assert not [r for r in [*parents, *cells] if r.info.status == "RUNNING"]
     assert {f"scheme={r.data.params['scheme']}" for r in cells} == CELLS - {never}  # never started
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # no worker left behind

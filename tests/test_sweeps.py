@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -216,6 +217,14 @@ def test_2x2_grid_runs_end_to_end_and_a_rerun_starts_nothing(launcher, tmp_path,
     parent = check_grid(tmp_path)
     assert parent.data.metrics["cells_finished"] == 4
     assert "all cells finished" in out.getvalue()
+    # Each cell's start, as the launcher reports it, comes before its end; the last end has no more to wait for.
+    said = [line.split("[mesh-sweep] ", 1)[1] for line in out.getvalue().splitlines() if "[mesh-sweep] " in line]
+    labels = [f"scheme={s} seed={d}" for s in ("base", "mesh") for d in (0, 1)]
+    for number, label in enumerate(labels, 1):
+        started = said.index(f"cell {number}/4 started {label}")
+        (ended,) = [i for i, e in enumerate(said) if e.startswith(f"cell {number}/4 FINISHED {label} · ")]
+        assert started < ended
+    assert said[-1].endswith(" · ETA 0s") and parent.data.tags["launcher"] == launcher
 
     again = io.StringIO()
     assert run_sweep("schemes", args, out=again) == 0
@@ -236,7 +245,7 @@ def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path, fast):
     out = io.StringIO()
     assert run_sweep("schemes", args, out=out) == 1
     text = out.getvalue()
-    assert "| scheme=mesh seed=1 | FAILED |" in text and text.rstrip().endswith("1 failed")
+    assert "| scheme=mesh seed=1 | FAILED |" in text and "\n1 failed\n" in text
     parents, children = sweep_runs(tmp_path)
     assert parents[0].info.status == "FAILED" and parents[0].data.metrics["cells_failed"] == 1
     statuses = sorted(r.info.status for r in children)
@@ -284,9 +293,27 @@ def test_optuna_search_resumes_when_extended_and_runs_trials_in_parallel(tmp_pat
     new_lrs = [t.params["optim.lr"] for t in study.trials[4:]]
     assert all(lr not in [p["optim.lr"] for _, p in first] for lr in new_lrs)  # no replayed suggestions
     assert "best: trial" in more.getvalue()
+    said = [line.split("[mesh-sweep] ", 1)[1] for line in more.getvalue().splitlines() if "[mesh-sweep] " in line]
+    assert said[0].startswith("search_lr: Optuna search to 6 trials, 4 already finished")
+    assert sorted(e.split(" optim.lr=")[0] for e in said if " started " in e) == [
+        "trial 5/6 started",
+        "trial 6/6 started",
+    ]
+    ended = [e for e in said if " FINISHED " in e]
+    assert len(ended) == 2 and all(re.search(r" · val PPL [\d.]+ · wall \d+s · ETA \S+$", e) for e in ended)
+    assert ended[-1].endswith("ETA 0s")
 
     parents, children = sweep_runs(tmp_path, "search_lr")
     assert len(parents) == 1 and len(children) == 6
+    tags = parents[0].data.tags  # this invocation's; the params were logged once, at creation
+    assert tags["search.n_trials"] == "6" and tags["launcher"] == "parallel" and tags["command"].endswith("workers=2")
+    assert (
+        parents[0].data.params["sweep"] == "search_lr"
+        and "search.n_trials=4" not in parents[0].data.params["overrides"]
+    )
+    assert tags["mlflow.note.content"].startswith("search_lr: 6 trials\n\n| trial | state | value |")
+    assert tags["progress"] == "6/6: 2 finished, 4 skipped"  # the trials of the first invocation count as skipped
+    assert parents[0].data.metrics["cells_finished"] == 2 and parents[0].data.metrics["cells_skipped"] == 4
     assert sorted(int(r.data.tags["optuna_trial"]) for r in children) == list(range(6))
     for run in children:
         assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id

@@ -1,2 +1,3 @@
 """The Lightning callbacks of a training run: atomic checkpoints, wall-time accounting, Optuna
-pruning. (The probing callback lives with the rest of the probe code, in experiments/probing/.)"""
+pruning, plain progress lines for a log file. (The probing callback lives with the rest of the
+probe code, in experiments/probing/.)"""

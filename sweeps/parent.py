@@ -1,0 +1,175 @@
+"""The MLflow parent run of a sweep: what the grid is, how it was last run, how far it got.
+
+One parent per grid key (sweeps/grid.py ``sweep_key``), reused by every re-run of the same grid:
+
+* params, logged once when it is created (MLflow params cannot change): what the key fixes, the
+  sweep's name, each grid axis with its values, the overrides every cell shares;
+* tags, set by each invocation: the command line, the git commit, the launcher, ``progress``;
+* metrics ``cells_<status>`` (and the ``progress`` tag), updated as each cell ends;
+* at the end: the summary table as the run's description (its note, Markdown), ``summary.json``
+  as an artifact, and the final status (KILLED on Ctrl-C, FAILED if a cell failed, else FINISHED).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from experiments.tracking import (
+    TAG_VALUE_LIMIT,
+    artifact_location,
+    git_commit,
+    log_params,
+    open_run,
+    prepare_sqlite_store,
+    reopen_run,
+    set_run_description,
+)
+from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
+
+if TYPE_CHECKING:
+    from experiments.plan import RunPlan
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def grid_params(name: str, cells: Sequence[Cell], shared: Sequence[str]) -> dict[str, str]:
+    """The parent's params: the sweep, its number of cells, ``grid.<axis>`` = the axis's values in
+    grid order (read from the cells' labels), ``overrides`` = what every cell shares."""
+    axes: dict[str, list[str]] = {}
+    for cell in cells:
+        for item in _label_items(cell.label):
+            key, _, value = item.partition("=")
+            values = axes.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+    params = {"sweep": name, "cells": str(len(cells))}
+    params.update({f"grid.{key}": ",".join(values) for key, values in axes.items()})
+    params["overrides"] = " ".join(shared)
+    return params
+
+
+def _label_items(label: str) -> list[str]:
+    """``scheme=mesh seed=1`` -> its ``key=value`` items (a value holding a space stays whole)."""
+    items: list[str] = []
+    for word in label.split():
+        if "=" in word or not items:
+            items.append(word)
+        else:
+            items[-1] += f" {word}"
+    return items
+
+
+@dataclass
+class ParentRun:
+    """An open parent run. ``earlier`` counts the cells finished before this invocation that no
+    outcome stands for (the trials of an Optuna study): they count as skipped."""
+
+    tracking_uri: str
+    run_id: str
+    experiment_id: str
+    client: Any = field(repr=False)
+    earlier: int = 0
+    _last_ms: int = field(default=0, init=False, repr=False)
+
+    @classmethod
+    def open(
+        cls,
+        name: str,
+        key: str,
+        plan: RunPlan,
+        sweep_dir: Path,
+        cells: Sequence[Cell],
+        params: Mapping[str, str],
+        tags: Mapping[str, str],
+    ) -> ParentRun:
+        """The parent of the grid ``key`` in ``plan``'s store and experiment (its id kept in
+        ``sweep_dir``): created with ``params`` on the first run, else set RUNNING again with the
+        tags of how an earlier invocation stopped cleared, so its final status and tags are those
+        of the latest one. ``tags`` say how this invocation runs."""
+        import mlflow
+
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        prepare_sqlite_store(plan.tracking_uri)
+        client = mlflow.MlflowClient(plan.tracking_uri)
+        id_file = sweep_dir / "parent_run_id"
+        if id_file.exists():
+            run_id = id_file.read_text().strip()
+            run = client.get_run(run_id)
+            reopen_run(client, run_id, run.data.tags)
+        else:
+            created = {"sweep": name, "kind": "sweep", "cells": str(len(cells))}
+            artifacts = artifact_location(plan.tracking_uri, plan.run_dir.parent)
+            run_id = open_run(client, plan.experiment, f"sweep:{key}", created, artifacts)
+            log_params(client, run_id, params)
+            client.log_dict(run_id, {"cells": [c.overrides for c in cells]}, "cells.json")
+            id_file.write_text(run_id)
+            run = client.get_run(run_id)
+        parent = cls(plan.tracking_uri, run_id, run.info.experiment_id, client)
+        parent.set_tags({**tags, "git_commit": git_commit(PROJECT_ROOT)})
+        return parent
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:TAG_VALUE_LIMIT]) for k, v in tags.items()])
+
+    def progress(self, outcomes: Sequence[CellOutcome], total: int) -> dict[str, int]:
+        """Log the counts of cells per status (``cells_<status>``, at step 0: the latest value is
+        the newest) and the ``progress`` tag; returns the counts."""
+        from mlflow.entities import Metric, RunTag
+
+        counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
+        counts[SKIPPED] += self.earlier
+        now = max(int(time.time() * 1000), self._last_ms + 1)  # two updates in one ms stay ordered
+        self._last_ms = now
+        said = ", ".join(f"{n} {s.lower().replace('_', ' ')}" for s, n in counts.items() if n) or "none ended yet"
+        self.client.log_batch(
+            self.run_id,
+            metrics=[Metric(f"cells_{s.lower()}", n, now, 0) for s, n in counts.items()],
+            tags=[RunTag("progress", f"{sum(counts.values())}/{total}: {said}")],
+        )
+        return counts
+
+    def try_progress(self, outcomes: Sequence[CellOutcome], total: int) -> None:
+        """:meth:`progress` while the grid runs: a store that fails now is said, the grid goes on."""
+        try:
+            self.progress(outcomes, total)
+        except Exception as failure:
+            print(f"[mesh-sweep] could not update the parent run {self.run_id}: {failure}", file=sys.stderr)
+
+    def describe(self, markdown: str, summary: Path) -> None:
+        """The run's description (``markdown``) and ``summary`` as an artifact."""
+        set_run_description(self.client, self.run_id, markdown)
+        self.client.log_artifact(self.run_id, str(summary))
+
+    def close(
+        self,
+        outcomes: Sequence[CellOutcome],
+        total: int,
+        interrupted: bool = False,
+        error: BaseException | None = None,
+    ) -> None:
+        """The final counts, then the final status: KILLED (tag ``interrupted``) on Ctrl-C, FAILED
+        when a cell failed or the sweep itself broke (tag ``error``), else FINISHED."""
+        try:
+            counts = self.progress(outcomes, total)
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                interrupted, error = True, None
+            if interrupted:
+                done = f"{counts[FINISHED] + counts[SKIPPED]} finished, {counts[INTERRUPTED]} interrupted"
+                self.client.set_tag(self.run_id, "interrupted", f"Ctrl-C: {done}, {counts[NOT_STARTED]} never ran")
+                self.client.set_terminated(self.run_id, "KILLED")
+            elif error is not None:
+                self.client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000])
+                self.client.set_terminated(self.run_id, "FAILED")
+            else:
+                self.client.set_terminated(self.run_id, "FAILED" if counts[FAILED] else "FINISHED")
+        except Exception as failure:  # the store itself failed: the sweep's own error matters more
+            if error is None:
+                raise
+            print(f"[mesh-sweep] could not close the parent run {self.run_id}: {failure}", file=sys.stderr)

@@ -1,0 +1,212 @@
+"""A grid you can watch: the lines of mesh-sweep and mesh-train in a log file, the parent run that
+says what the grid is, and where to look next (the results command, the MLflow UI page)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+
+from experiments.callbacks.progress import PlainProgress
+from experiments.compose import compose_config
+from experiments.console import PROGRESS_ENV, duration
+from experiments.plan import plan_run
+from experiments.tracking import NOTE_TAG, TAG_VALUE_LIMIT, runs_list_url, set_run_description
+from sweeps.grid import expand_cells
+from sweeps.sweep import run_sweep
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+RUNS_PAGE = "#/experiments/{}/runs?workflowType=machine_learning"
+
+
+# --- where to look ---------------------------------------------------------------------------------
+
+
+def test_runs_list_url_opens_the_runs_table_of_a_server_or_says_how_to_serve_a_local_store():
+    page = RUNS_PAGE.format(7)
+    assert runs_list_url("http://mlflow.lab:5000", "7") == f"http://mlflow.lab:5000/{page}"
+    assert runs_list_url("https://mlflow.lab/", "7") == f"https://mlflow.lab/{page}"
+    local = runs_list_url("sqlite:////data/runs/mlflow.db", "7")
+    command, then = local.split(", then open ")
+    assert command.endswith("mlflow ui --backend-store-uri sqlite:////data/runs/mlflow.db")
+    assert Path(command.split()[0]).name == "mlflow"
+    assert then == f"http://127.0.0.1:5000/{page}"
+
+
+def test_the_installed_mlflow_ui_reads_the_runs_page_and_workflow_type_of_that_url():
+    """The URL's shape is MLflow's client-side routing: read in the UI bundle that ships with the
+    installed MLflow, so an upgrade that changes it fails here."""
+    build = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    bundle = "".join(path.read_text(errors="replace") for path in build.glob("*.js"))
+    assert "createHashRouter" in bundle  # hence /#/ in the URL
+    assert '"/experiments/:experimentId/:tabName"' in bundle and 'Runs="runs"' in bundle
+    assert 'get("workflowType")' in bundle and 'MACHINE_LEARNING="machine_learning"' in bundle
+
+
+def test_a_description_longer_than_mlflows_limit_is_cut_at_a_line_end(tmp_path):
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("notes")).info.run_id
+    set_run_description(client, run_id, "| a | b |\n|---|---|\n| 1 | 2 |")
+    assert client.get_run(run_id).data.tags[NOTE_TAG] == "| a | b |\n|---|---|\n| 1 | 2 |"
+    rows = "\n".join(f"| {i} | {'x' * 60} |" for i in range(200))  # about 13,000 characters
+    set_run_description(client, run_id, rows)
+    note = client.get_run(run_id).data.tags[NOTE_TAG]
+    kept, cut = note.rsplit("\n\n", 1)
+    assert len(note) <= TAG_VALUE_LIMIT and rows.startswith(kept + "\n") and "limit" in cut
+
+
+# --- mesh-train in a log file ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_run_writes_plain_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys, monkeypatch, fast):
+    from experiments.train import train
+
+    monkeypatch.setenv(PROGRESS_ENV, "0")  # a line after every step
+    train(compose_config([*fast, f"runs_dir={tmp_path}"]))  # pytest's stderr is not a terminal
+    lines = [line for line in capsys.readouterr().err.splitlines() if "[mesh-train]" in line]
+    steps = [
+        re.fullmatch(rf"{STAMP} \[mesh-train\] step (\d)/6 · loss [\d.]+ · [\d.]+ steps/s · ETA \d+s", x) for x in lines
+    ]
+    vals = [
+        re.fullmatch(rf"{STAMP} \[mesh-train\] step (\d)/6 · val shakespeare loss [\d.]+ · ppl [\d.]+", x)
+        for x in lines
+    ]
+    assert [int(m.group(1)) for m in steps if m] == [1, 2, 3, 4, 5, 6]
+    assert [int(m.group(1)) for m in vals if m] == [3, 6]  # one line per validation
+    assert all(s or v for s, v in zip(steps, vals, strict=True)), lines
+    result = json.loads((next(tmp_path.glob("mesh/*/result.json"))).read_text())
+    assert lines[-1].endswith(f"ppl {result['val_ppl']:.2f}")
+
+
+def test_no_plain_lines_beside_a_progress_bar_and_none_in_the_run_hash(tmp_path, monkeypatch, fast):
+    from experiments.trainer import run_callbacks
+
+    plan = plan_run(compose_config([*fast, f"runs_dir={tmp_path}"]))
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert not [c for c in run_callbacks(plan, ["shakespeare"]) if isinstance(c, PlainProgress)]
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setenv(PROGRESS_ENV, "12.5")
+    (progress,) = [c for c in run_callbacks(plan, ["shakespeare"]) if isinstance(c, PlainProgress)]
+    assert progress.every_s == 12.5 and progress.name == "mesh-train"
+    assert plan_run(compose_config([*fast, f"runs_dir={tmp_path}"])).config_hash == plan.config_hash
+
+
+def test_durations_read_as_in_an_eta():
+    assert [duration(s) for s in (0.4, 45, 190, 3600 + 5 * 60 + 59)] == ["0s", "45s", "3m10s", "1h05m"]
+
+
+# --- a grid in a log file, and its parent run ------------------------------------------------------
+
+
+@pytest.fixture
+def fast(grid_cell_overrides) -> list[str]:
+    return grid_cell_overrides("probes.enabled=false")
+
+
+def parent_of(runs_dir: Path):
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("schemes")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.kind = 'sweep'")
+    return client, parent
+
+
+def history(client, run_id: str, key: str) -> list[float]:
+    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)]
+
+
+@pytest.mark.slow
+def test_a_grid_in_a_log_says_each_start_and_end_and_its_parent_run_says_what_the_grid_is(tmp_path, fast):
+    runs = tmp_path / "runs"
+    args = ["scheme=base,mesh", *fast, f"runs_dir={runs}"]
+    # The first cell fails at once (an intact checkpoint of no model: its resume fails), the second finishes.
+    (base,) = [c for c in expand_cells("schemes", args, []) if c.label == "scheme=base"]
+    broken = plan_run(compose_config(base.overrides)).run_dir / "checkpoints" / "last.ckpt"
+    broken.parent.mkdir(parents=True)
+    torch.save({"state_dict": {}, "global_step": 3}, broken)
+
+    out = io.StringIO()  # not a terminal, as a SLURM log or nohup.out
+    assert run_sweep("schemes", [*args, "launcher=local"], out=out) == 1
+    text = out.getvalue()
+    lines = [line for line in text.splitlines() if "[mesh-sweep]" in line]
+    assert all(re.match(rf"{STAMP} \[mesh-sweep\] ", line) for line in lines), lines
+    events = [line.split("] ", 1)[1] for line in lines[1:]]
+    assert events[0] == "cell 1/2 started scheme=base"
+    assert re.fullmatch(r"cell 1/2 FAILED scheme=base · \w+Error: .+ · wall \d+s · ETA \?", events[1]), events[1]
+    assert events[2] == "cell 2/2 started scheme=mesh"
+    finished = r"cell 2/2 FINISHED scheme=mesh · ([\d.]+) steps/s · val PPL ([\d.]+) · wall (\d+)s · ETA 0s"
+    assert (match := re.fullmatch(finished, events[3])), events[3]
+    summary = {o["label"]: o for o in json.loads(next(runs.glob("schemes/sweeps/*/summary.json")).read_text())}
+    mesh = summary["scheme=mesh"]
+    assert float(match.group(2)) == pytest.approx(mesh["val_ppl"], abs=0.01) and mesh["steps"] == 6
+    assert mesh["steps_per_s"] > 0 and mesh["wall_s"] > 0
+
+    # The table: every cell with its status, val loss and PPL, steps/s and wall time; then what next.
+    rows = {r[1]: r for r in table_rows(text)}
+    assert rows["scheme=mesh"][:5] == [
+        "2",
+        "scheme=mesh",
+        "FINISHED",
+        f"{mesh['val_loss']:.4f}",
+        f"{mesh['val_ppl']:.2f}",
+    ]
+    assert rows["scheme=mesh"][5] == f"{mesh['steps_per_s']:.3g}" and rows["scheme=mesh"][6] == duration(mesh["wall_s"])
+    assert rows["scheme=base"][2:6] == ["FAILED", "-", "-", "-"] and "Error" in rows["scheme=base"][7]
+    client, parent = parent_of(runs)
+    experiment_id = parent.info.experiment_id
+    store = f"sqlite:///{runs / 'mlflow.db'}"
+    assert f"results: mesh-results schemes --runs-dir {runs}\n" in text.replace(f"{Path(sys.executable).parent}/", "")
+    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id)}")
+
+    # The parent: params (what the grid is), tags (how it was run), counts as each cell ended,
+    # the table as its description, the summary as its artifact.
+    assert parent.info.status == "FAILED"
+    params = parent.data.params
+    assert params["sweep"] == "schemes" and params["cells"] == "2" and params["grid.scheme"] == "base,mesh"
+    assert params["overrides"] == " ".join([*fast, f"runs_dir={runs}"])
+    tags = parent.data.tags
+    assert tags["command"] == shlex.join(["mesh-sweep", "schemes", *args, "launcher=local"])
+    assert tags["launcher"] == "local" and tags["git_commit"] and tags["progress"] == "2/2: 1 finished, 1 failed"
+    # At the start, after each cell, at the end (the latest value is the last one).
+    assert history(client, parent.info.run_id, "cells_failed") == [0, 1, 1, 1]
+    assert history(client, parent.info.run_id, "cells_finished") == [0, 0, 1, 1]
+    note = tags[NOTE_TAG]
+    assert note.startswith("schemes: 2 cells\n\n| # | cell | status | val loss | val PPL | steps/s | wall | note |")
+    assert "| 2 | scheme=mesh | FINISHED |" in note and note.rstrip().endswith(f"--runs-dir {runs}`")
+    logged = Path(client.download_artifacts(parent.info.run_id, "summary.json", str(tmp_path)))
+    assert json.loads(logged.read_text()) == list(summary.values())
+
+    # Again, another way: the finished cell is listed once as skipped, the failed one runs again;
+    # the same parent, its params as they were, its tags those of this invocation.
+    again = io.StringIO()
+    assert run_sweep("schemes", [*args, "launcher.workers=1"], out=again) == 1
+    events = [line.split("] ", 1)[1] for line in again.getvalue().splitlines() if "[mesh-sweep]" in line]
+    assert "0 already finished" not in events[0] and "1 already finished, 1 to run" in events[0]
+    (skipped,) = [e for e in events if "SKIPPED" in e]
+    assert (
+        skipped
+        == f"cell 2/2 SKIPPED scheme=mesh · {match.group(1)} steps/s · val PPL {match.group(2)} (finished before)"
+    )
+    assert not [e for e in events if e.startswith("cell 2/2 started")]
+    assert [e for e in events if e.startswith("cell 1/2 ")][0] == "cell 1/2 started scheme=base"
+    client, rerun = parent_of(runs)
+    assert rerun.info.run_id == parent.info.run_id and rerun.data.params == params
+    assert rerun.data.tags["launcher"] == "auto" and rerun.data.tags["command"].endswith("launcher.workers=1")
+    assert rerun.data.metrics["cells_skipped"] == 1 and rerun.data.metrics["cells_failed"] == 1
+
+
+def table_rows(text: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
+    return [[part.strip() for part in row.strip("|").split("|")] for row in rows]
