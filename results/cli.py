@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("results") / label
     start = time.perf_counter()
     quiet_libraries()
+    from experiments.tracking import runs_list_url
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
     try:
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output.published:
         ids = ", ".join(output.published)
         print(f"[mesh-results] the table, the claims and the report are on the sweep's parent run in MLflow: {ids}")
+    for name, experiment_id in output.experiment_ids.items():
+        print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id)}")
     return 0
 
 

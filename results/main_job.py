@@ -34,6 +34,7 @@ def main_job_arguments(steps: int, seeds: int, runs_dir: str | Path, extra: Sequ
 def run_main_job(
     steps: int = 400, seeds: int = 2, runs_dir: str = "runs", out: str | None = None, extra: Sequence[str] = ()
 ) -> int:
+    from experiments.tracking import runs_list_url
     from results.report import build_report
     from sweeps.sweep import run_sweep
 
@@ -41,13 +42,15 @@ def run_main_job(
     out_dir = Path(out or f"results/{SWEEP}").resolve()
     sweep_status = run_sweep(SWEEP, main_job_arguments(steps, seeds, runs, extra))
     store = f"sqlite:///{runs / 'mlflow.db'}"
-    build_report(SWEEP, [SWEEP], store, out_dir)
+    output = build_report(SWEEP, [SWEEP], store, out_dir)
     print()
     print((out_dir / "table.md").read_text())
     print(f"Report:  {out_dir / 'report.md'} (tables, figures and probes; table.tex and table.csv beside it)")
     print(f"Claims:  {out_dir / 'claims.md'} (each claim of the paper these runs can test, with its verdict)")
-    print(f"MLflow:  {Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {store}")
-    print("         then open http://127.0.0.1:5000 (experiment 'schemes': one parent run, one child per cell)")
+    print(f"MLflow:  {runs_list_url(store, output.experiment_ids[SWEEP])}")
+    print(
+        "         (experiment 'schemes': one parent run, whose description holds the table and the claims, and one child run per cell)"
+    )
     return sweep_status
 
 

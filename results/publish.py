@@ -1,6 +1,6 @@
 """Put a report where the grid is looked at: on the MLflow parent run of every sweep it tabulates.
 
-The parent run's description (MLflow's run note, tag ``mlflow.note.content``, rendered as Markdown
+The parent run's description (MLflow's run note, rendered as Markdown
 on the run page) becomes the results table and the verdicts on the paper's claims; the report
 folder (``report.md``, tables, ``claims.md``, figures) is logged as the parent's artifacts under
 ``report/``. A sweep's parent is found through its cell runs (tag ``mlflow.parentRunId``), so a
@@ -15,8 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-NOTE_TAG = "mlflow.note.content"
-NOTE_LIMIT = 8000  # MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+from experiments.tracking import TAG_VALUE_LIMIT as NOTE_LIMIT
+from experiments.tracking import set_run_description
+
 ARTIFACT_DIR = "report"
 PARENT_KIND = "sweep"  # the tag ``kind`` of a sweep's parent run (sweeps/sweep.py)
 
@@ -82,7 +83,7 @@ def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: st
     note = report_note(label, table, claims)
     written = []
     for parent in parents:
-        client.set_tag(parent, NOTE_TAG, note)
+        set_run_description(client, parent, note)
         client.log_artifacts(parent, str(out_dir), ARTIFACT_DIR)
         written.append(parent)
     return written

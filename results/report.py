@@ -38,6 +38,7 @@ class Output:
     claims: Path | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
     published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
+    experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
 
 
 def build_report(
@@ -105,10 +106,10 @@ def build_report(
         probe_seeds=plots.probe_seeds(results, reports),
     )
     output.report.write_text(text)
+    known = collect.experiment_ids(client, ())
+    output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents:
-        known = collect.experiment_ids(client, ())
-        ids = [known[name] for name in results.runs["experiment"].unique() if name in known]
-        parents = publish.sweep_parents(client, ids, results.runs["run_id"])
+        parents = publish.sweep_parents(client, output.experiment_ids.values(), results.runs["run_id"])
         output.published = publish.publish_report(client, parents, out, name)
     return output
 
