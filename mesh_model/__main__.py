@@ -2,6 +2,7 @@
 
 mesh-model params                 # the paper's rows: non-embedding, router, % of vanilla
 mesh-model params --preset tiny --layout 1+2R3+1 --scheme mesh
+mesh-model params --preset tiny --moe-experts 8 --moe-top-k 2   # a mixture-of-experts MLP
 mesh-model check                  # every scheme forward+backward on the tiny preset
 """
 
@@ -28,6 +29,7 @@ PAPER_LAYOUTS: tuple[tuple[str, str], ...] = (
     ("pythia-1.4b", "4+8+8+4"),
     ("pythia-2.8b", "6+10R2+6"),
     ("pythia-6.9b", "6+10R2+6"),
+    ("olmoe-2.6b", "4+8R2+4"),  # the looped OLMoE: mixture-of-experts MLPs
 )
 CHECK_SCHEMES = (
     "base",
@@ -40,7 +42,20 @@ CHECK_SCHEMES = (
     "dynamic",
     "mesh",
 )
-COLUMNS = ("preset", "layout", "scheme", "B", "non-embedding", "router", "% of vanilla", "GFLOPs/token")
+COLUMNS = (
+    "preset",
+    "layout",
+    "scheme",
+    "B",
+    "non-embedding",
+    "router",
+    "% of vanilla",
+    "GFLOPs/token",
+    "experts (E/k)",
+    "active non-embedding",
+    "total",
+    "active total",
+)
 
 
 def parameter_row(config: ModelConfig, seq_len: int | None = None) -> dict[str, str]:
@@ -60,6 +75,10 @@ def parameter_row(config: ModelConfig, seq_len: int | None = None) -> dict[str, 
         "router": f"{counts['router']:,}",
         "% of vanilla": f"{counts['pct_of_vanilla']:.3f}",
         "GFLOPs/token": f"{counts['flops_per_token'] / 1e9:.3f}",
+        "experts (E/k)": f"{config.moe.experts}/{config.moe.top_k}" if config.moe else "-",
+        "active non-embedding": f"{counts['active_non_embedding']:,}" if config.moe else "-",
+        "total": f"{counts['total']:,}",
+        "active total": f"{counts['active_total']:,}" if config.moe else "-",
     }
 
 
@@ -113,7 +132,8 @@ def check_schemes(preset: str = "tiny", layout: str | None = None, steps: int = 
         start = time.perf_counter()
         losses = []
         for _ in range(steps):
-            loss = model(tokens, labels=tokens).loss
+            out = model(tokens, labels=tokens)
+            loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -139,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     params.add_argument("--scheme", default=None)
     params.add_argument("--buffer-slots", type=int, default=None)
     params.add_argument("--seq-len", type=int, default=None, help="sequence length for FLOPs/token")
+    params.add_argument("--moe-experts", type=int, default=None, help="experts per MoE MLP (E); unset: dense")
+    params.add_argument("--moe-top-k", type=int, default=None, help="experts per token (k)")
+    params.add_argument("--moe-hidden", type=int, default=None, help="width of each expert")
     check = sub.add_parser("check", help="forward+backward of every scheme on a small preset")
     check.add_argument("--preset", default="tiny")
     check.add_argument("--layout", default=None)
@@ -148,11 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "params":
             if args.preset:
-                overrides = {
-                    k: v
-                    for k, v in (("layout", args.layout), ("scheme", args.scheme), ("buffer_slots", args.buffer_slots))
-                    if v is not None
+                given = {
+                    "layout": args.layout,
+                    "scheme": args.scheme,
+                    "buffer_slots": args.buffer_slots,
+                    "moe_experts": args.moe_experts,
+                    "moe_top_k": args.moe_top_k,
+                    "moe_hidden": args.moe_hidden,
                 }
+                overrides = {k: v for k, v in given.items() if v is not None}
                 config = ModelConfig.from_preset(args.preset, **overrides)
                 configs = [config.vanilla(), config] if not config.parsed_layout.is_vanilla else [config]
             else:

@@ -6,10 +6,16 @@ Conventions:
 * ``embedding`` = input embedding + output projection (untied); ``non_embedding`` = the rest,
   which is what the paper reports. ``router`` = parameters of the state-passing module (MeSH's
   read/write routers, or the static/dynamic coefficients); they are part of ``non_embedding``.
+* Mixture of experts: ``expert`` = every expert's weights and biases, ``moe_router`` = the MoE
+  gates (Linear(D -> E) per MoE block), both part of ``non_embedding``. ``active_non_embedding``
+  counts top_k / E of the expert parameters (what one token's forward pass applies through
+  each distinct block) and everything else whole; ``active_total`` adds the embeddings (OLMoE's
+  "active parameters" convention). A dense model's active counts equal its counts.
 * ``flops_per_token`` counts matrix multiplies only (the MFU convention of PaLM, Chowdhery et
   al. 2022): 6 x (weights applied per token, every loop iteration counted) plus attention's
-  QK^T and AV at 12 x layers x seq_len x d_model, counted as if non-causal. LayerNorms,
-  softmaxes, GELUs, rotary and the MeSH buffer mixing (O(B*D) per token) are left out.
+  QK^T and AV at 12 x layers x seq_len x d_model, counted as if non-causal. A MoE block counts
+  its router and its top_k active experts only. LayerNorms, softmaxes, GELUs, rotary, the MoE
+  gathers and gate products and the MeSH buffer mixing (O(B*D) per token) are left out.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from mesh_model.config import ModelConfig
+from mesh_model.config import ModelConfig, MoESpec
 from mesh_model.model import MeshTransformer
+from mesh_model.moe import ExpertLinear, MoE
 from mesh_model.schemes import mesh_router_parameters
 
 
@@ -30,7 +37,12 @@ def _numel(module: nn.Module | None) -> int:
 
 
 def _matmul_weights(module: nn.Module) -> int:
-    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+    """Matmul weights one token applies through ``module``: every Linear, a MoE's active share."""
+    if isinstance(module, MoE):
+        return module.active_matmul_weights()
+    if isinstance(module, nn.Linear):
+        return module.weight.numel()
+    return sum(_matmul_weights(child) for child in module.children())
 
 
 def non_embedding_of(layers: int, d_model: int, mlp_ratio: int = 4) -> int:
@@ -39,9 +51,29 @@ def non_embedding_of(layers: int, d_model: int, mlp_ratio: int = 4) -> int:
     Per block: QKV 3d^2+3d, dense d^2+d, MLP 2dh+h+d (h = mlp_ratio*d), two LayerNorms 4d. With
     the 4x MLP this is the paper's ``layers * (12 d^2 + 13 d) + 2 d``.
     """
-    hidden = mlp_ratio * d_model
-    per_layer = 4 * d_model * d_model + 4 * d_model + 2 * d_model * hidden + hidden + d_model + 4 * d_model
-    return layers * per_layer + 2 * d_model
+    return layers * block_parameters(d_model, mlp_ratio * d_model) + 2 * d_model
+
+
+def block_parameters(d_model: int, hidden: int, moe: MoESpec | None = None, active: bool = False) -> int:
+    """One GPT-NeoX block: attention 4d^2+4d, two LayerNorms 4d, and the dense MLP 2dh+h+d or the
+    MoE feed-forward: router dE plus E experts of 2dH+H+d (H = moe.hidden), of which ``active``
+    counts top_k."""
+    attention_and_norms = 4 * d_model * d_model + 8 * d_model
+    if moe is None:
+        return attention_and_norms + 2 * d_model * hidden + hidden + d_model
+    experts = moe.top_k if active else moe.experts
+    return attention_and_norms + d_model * moe.experts + experts * (2 * d_model * moe.hidden + moe.hidden + d_model)
+
+
+def blocks_non_embedding(config: ModelConfig, active: bool = False) -> int:
+    """Closed form of the distinct blocks and the final LayerNorm of ``config`` (MoE blocks
+    included, state passing excluded); ``active`` counts top_k of each MoE block's experts."""
+    d, hidden, moe = config.d_model, config.mlp_ratio * config.d_model, config.moe
+    moe_blocks = set(moe.blocks) if moe is not None else set()
+    blocks = sum(
+        block_parameters(d, hidden, moe if i in moe_blocks else None, active) for i in range(config.distinct_layers)
+    )
+    return blocks + 2 * d
 
 
 def flops_per_token(model: MeshTransformer, seq_len: int | None = None) -> int:
@@ -68,7 +100,10 @@ def count_parameters(model: MeshTransformer, seq_len: int | None = None) -> dict
     total = _numel(model)
     embedding = model.embed_in.weight.numel() + model.embed_out.weight.numel()
     non_embedding = total - embedding
-    vanilla = non_embedding_of(config.compute_depth, config.d_model, config.mlp_ratio)
+    vanilla = blocks_non_embedding(config.vanilla())
+    experts = [m for m in model.modules() if isinstance(m, ExpertLinear)]
+    expert = sum(_numel(m) for m in experts)
+    inactive = sum(_numel(m) * (m.weight.shape[0] - m.active) // m.weight.shape[0] for m in experts)
     return {
         "total": total,
         "embedding": embedding,
@@ -80,6 +115,10 @@ def count_parameters(model: MeshTransformer, seq_len: int | None = None) -> dict
         "compute_depth": config.compute_depth,
         "distinct_layers": config.distinct_layers,
         "flops_per_token": flops_per_token(model, seq_len),
+        "expert": expert,
+        "moe_router": sum(m.router.weight.numel() for m in model.modules() if isinstance(m, MoE)),
+        "active_non_embedding": non_embedding - inactive,
+        "active_total": total - inactive,
     }
 
 
@@ -135,7 +174,7 @@ def _gb(n: int) -> str:
 def parameter_count(config: ModelConfig) -> int:
     """Every parameter of ``build_model(config)``, from the config alone (no model is built)."""
     d, loops = config.d_model, config.loops
-    total = 2 * config.vocab_size * d + non_embedding_of(config.distinct_layers, d, config.mlp_ratio)
+    total = 2 * config.vocab_size * d + blocks_non_embedding(config)
     kind = config.scheme_spec.kind
     if config.parsed_layout.is_vanilla:
         return total
@@ -181,7 +220,9 @@ def estimate_step_memory(
     ``param_bytes`` under autocast. Per layer run, autograd keeps 16 (tokens x d_model) tensors
     (the block input, both LayerNorm outputs, q/k/v, attention output and its copy, the 4x MLP
     input and GELU output) plus the rotary tables and softmax statistics; ``activation_checkpointing``
-    keeps only each core iteration's input and recomputes one iteration at a time.
+    keeps only each core iteration's input and recomputes one iteration at a time. A MoE block
+    keeps, per token, k rows of its experts' activations (k x (2 x moe_hidden + 3 x d_model))
+    instead of the dense MLP's 2 x hidden, plus its router's fp32 logits and probabilities.
     ``param_shards`` > 1 (FSDP) divides parameters, gradients and optimizer state over the
     devices. The estimate is meant to be conservative; ``benchmarks/memory_estimate.py`` checks
     it against measurement.
@@ -199,11 +240,28 @@ def estimate_step_memory(
     )
     layout = config.parsed_layout
     loops = layout.loops
+    layer_bytes = [per_layer] * layout.distinct_layers  # per distinct block, in moe_layers order
+    moe = config.moe
+    if moe is not None:
+        # A MoE block keeps per assignment (tokens x k rows) the gathered input, both expert
+        # activations and the output before and after unsorting, in place of the dense MLP's
+        # 2 x hidden; and per token the fp32 router logits and probabilities and int64 indices.
+        moe_layer = (
+            per_layer
+            + tokens * moe.top_k * (2 * moe.hidden + 3 * d) * activation_bytes
+            - tokens * 2 * hidden * activation_bytes
+            + tokens * (2 * moe.experts * 4 + 3 * moe.top_k * 8)
+        )
+        for i in moe.blocks:
+            layer_bytes[i] = moe_layer
+    prelude = sum(layer_bytes[: layout.prelude])
+    coda = sum(layer_bytes[layout.distinct_layers - layout.coda :])
+    starts = [layout.prelude + sum(layout.cores[:c]) for c in range(len(layout.cores))]
+    cores = [sum(layer_bytes[start : start + n]) for start, n in zip(starts, layout.cores, strict=True)]
     if activation_checkpointing and loops:
-        kept_layers = layout.prelude + layout.coda + max(layout.cores)
-        saved = kept_layers * per_layer + loops * stream  # each iteration's input; one recomputed
+        saved = prelude + coda + max(cores) + loops * stream  # each iteration's input; one recomputed
     else:
-        saved = layout.compute_depth * per_layer
+        saved = prelude + sum(cores[i] for i in layout.core_schedule) + coda
     saved += loops * stream  # what a scheme keeps per step (h(t+1) beside the core output)
     saved += 4 * stream + config.vocab_size * d * 4  # h_emb (scaled), final LN, the loss's gradients
     mesh = 0
@@ -212,7 +270,8 @@ def estimate_step_memory(
     chunk = _LOSS_CHUNK["accelerator" if accelerator else "cpu"]
     rows = min(tokens, max(128, chunk // config.vocab_size))
     workspace = rows * config.vocab_size * (4 + (2 if mixed else 0))  # one chunk of logits
-    workspace += tokens * 2 * hidden * activation_bytes + 4 * stream  # a block's backward
+    mlp_backward = 2 * max(hidden, moe.top_k * moe.hidden if moe is not None else 0)
+    workspace += tokens * mlp_backward * activation_bytes + 4 * stream  # a block's backward
     if mesh:  # backward: the last read's stack gradient and a gradient per written value
         workspace += tokens * (loops + 1) * ((config.slots or 0) + 1) * param_bytes + (loops + 1) * stream
     weights = params * param_bytes + (params * activation_bytes if mixed else 0)

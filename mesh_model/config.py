@@ -1,12 +1,13 @@
 """ModelConfig and the presets: Pythia shapes for the paper, small shapes for a CPU.
 
-Every field is checked when the config is built, so a bad layout, scheme or size fails with
-one line (a :class:`ConfigError`) before any tensor is allocated.
+Every field is checked when the config is built, so a bad layout, scheme, size or MoE option
+fails with one line (a :class:`ConfigError`) before any tensor is allocated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ class Preset:
     vocab_size: int
     max_seq_len: int
     lr: float
+    moe_experts: int | None = None  # a mixture-of-experts preset: E, top-k and expert width
+    moe_top_k: int | None = None
+    moe_hidden: int | None = None
 
 
 # Pythia shapes (hidden size, layers, heads; 4x MLP; rotary on 25% of head dims, base 10000).
@@ -46,7 +50,49 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(64, 4, 6, "1+2R2+1", 2048, 256, 3e-3),
     "mini": Preset(128, 4, 12, "2+4R2+2", 4096, 512, 2e-3),
     "small": Preset(256, 8, 12, "2+4R2+2", 8192, 1024, 1e-3),
+    # Mixture-of-experts feed-forward in every block (mesh_model/moe.py). The CPU presets are tiny
+    # and mini with E=8 experts, top-2, each expert half the dense MLP's width: the two active
+    # experts apply the dense MLP's weights per token (plus the router and one more bias).
+    "tiny-moe": Preset(64, 4, 6, "1+2R2+1", 2048, 256, 3e-3, moe_experts=8, moe_top_k=2, moe_hidden=128),
+    "mini-moe": Preset(128, 4, 12, "2+4R2+2", 4096, 512, 2e-3, moe_experts=8, moe_top_k=2, moe_hidden=256),
+    # The paper's looped OLMoE budget, 2.6B total / 512M active parameters (OLMoE's convention:
+    # embeddings included): OLMoE-1B-7B's routing (64 experts, top-8, expert width 1024) on the
+    # paper's main layout 4+8R2+4, with the width chosen to meet the budget: d_model 1152 (18
+    # heads of 64, Pythia's head size). Counts: 2,620,311,808 total, 504,432,896 active
+    # (tests/test_moe.py). OLMoE's peak learning rate.
+    "olmoe-2.6b": Preset(1152, 18, 24, "4+8R2+4", 50304, 4096, 4e-4, moe_experts=64, moe_top_k=8, moe_hidden=1024),
 }
+MOE_PRESET_FIELDS = ("moe_experts", "moe_top_k", "moe_hidden")
+MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_hidden", "moe_layers", "moe_aux_coef", "moe_z_coef")
+MOE_LAYERS_FORMS = (
+    "use 'all', a stride n >= 1 (the blocks whose index % n == n-1) or a list of block indices; blocks "
+    "are numbered over the distinct blocks, prelude first, then each core, then the coda"
+)
+# OLMoE's coefficients of the load-balancing loss and the router z-loss.
+DEFAULT_AUX_COEF = 0.01
+DEFAULT_Z_COEF = 0.001
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The resolved mixture-of-experts feed-forward of a config (``ModelConfig.moe``).
+
+    ``blocks`` are the distinct-block indices (see :attr:`ModelConfig.moe_layers`) whose MLP is a
+    mixture of ``experts`` experts of width ``hidden``, ``top_k`` chosen per token.
+    """
+
+    experts: int
+    top_k: int
+    hidden: int
+    blocks: tuple[int, ...]
+    aux_coef: float
+    z_coef: float
+
+    @property
+    def active_fraction(self) -> float:
+        """The share of the expert parameters a token applies: top_k / experts."""
+        return self.top_k / self.experts
+
 
 _FIELD_NAMES: tuple[str, ...] = ()  # filled after the class is defined
 
@@ -57,6 +103,18 @@ class ModelConfig:
 
     ``buffer_slots`` is MeSH's B; left as None it resolves to K+3 (the paper's rule), see
     :attr:`slots`. Other schemes ignore it.
+
+    Mixture of experts (OLMoE style, :mod:`mesh_model.moe`): ``moe_experts`` (E) set turns it on;
+    unset (None), the model is dense and every other ``moe_*`` field must stay unset too. Left
+    unset under MoE, the others resolve (see :attr:`moe`) to: ``moe_top_k`` min(2, E);
+    ``moe_hidden`` mlp_ratio * d_model // top_k (the active experts' width equals the dense MLP's);
+    ``moe_layers`` ``"all"``; ``moe_aux_coef`` 0.01 and ``moe_z_coef`` 0.001 (OLMoE's).
+
+    ``moe_layers`` indexes the distinct blocks in the order they are built: the prelude's
+    blocks 0..P-1, then each core's blocks, then the coda's (``1+2R2+1``: prelude 0, core 1-2,
+    coda 3; a vanilla layout's blocks are its layers). A shared core's block is one module, so
+    it is MoE in every one of its K loop iterations. ``"all"`` (or 1), a stride n (the blocks
+    whose index % n == n-1: 2 gives 1, 3, 5...), or a list of indices.
     """
 
     layout: str = "1+2R2+1"
@@ -72,9 +130,16 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
     scale_embeddings: bool = True
     init_std: float = 0.02
+    moe_experts: int | None = None
+    moe_top_k: int | None = None
+    moe_hidden: int | None = None
+    moe_layers: str | int | tuple[int, ...] | None = None
+    moe_aux_coef: float | None = None
+    moe_z_coef: float | None = None
     preset: str | None = None
     parsed_layout: Layout = field(init=False, repr=False, compare=False)
     scheme_spec: SchemeSpec = field(init=False, repr=False, compare=False)
+    moe: MoESpec | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         layout = Layout.parse(self.layout)
@@ -97,6 +162,70 @@ class ModelConfig:
             raise ConfigError(
                 "buffer_slots", self.buffer_slots, "MeSH needs at least 1 slot (the paper's rule is B=K+3)"
             )
+        object.__setattr__(self, "moe", self._resolve_moe())
+
+    def _resolve_moe(self) -> MoESpec | None:
+        if self.moe_experts is None:
+            for name in MOE_FIELDS[1:]:
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        name, getattr(self, name), "MoE is off (moe_experts unset): set moe_experts to use it"
+                    )
+            return None
+        object.__setattr__(self, "moe_layers", _canonical_moe_layers(self.moe_layers))
+        experts = self.moe_experts
+        if not _is_int(experts) or experts < 1:
+            raise ConfigError("moe_experts", experts, "need at least 1 expert; leave it unset for the dense MLP")
+        top_k = min(2, experts) if self.moe_top_k is None else self.moe_top_k
+        if not _is_int(top_k) or not 1 <= top_k <= experts:
+            raise ConfigError("moe_top_k", top_k, f"must be an integer from 1 to moe_experts={experts}")
+        hidden = self.mlp_ratio * self.d_model // top_k if self.moe_hidden is None else self.moe_hidden
+        if not _is_int(hidden) or hidden < 1:
+            raise ConfigError("moe_hidden", hidden, "must be a positive integer (an expert's MLP width)")
+        for name in ("moe_aux_coef", "moe_z_coef"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
+                raise ConfigError(name, value, "must be a number >= 0 (0 switches the loss off)")
+        return MoESpec(
+            experts=experts,
+            top_k=top_k,
+            hidden=hidden,
+            blocks=self._moe_blocks(),
+            aux_coef=float(DEFAULT_AUX_COEF if self.moe_aux_coef is None else self.moe_aux_coef),
+            z_coef=float(DEFAULT_Z_COEF if self.moe_z_coef is None else self.moe_z_coef),
+        )
+
+    def _moe_blocks(self) -> tuple[int, ...]:
+        layers, blocks = self.moe_layers, self.distinct_layers
+        if layers is None or layers == "all":
+            return tuple(range(blocks))
+        if isinstance(layers, int):
+            if not 1 <= layers <= blocks:
+                raise ConfigError(
+                    "moe_layers", layers, f"a stride must be from 1 to the {blocks} blocks of layout {self.layout!r}"
+                )
+            return tuple(i for i in range(blocks) if i % layers == layers - 1)
+        if not isinstance(layers, tuple) or not layers or any(not 0 <= i < blocks for i in layers):
+            raise ConfigError(
+                "moe_layers",
+                list(layers),
+                f"layout {self.layout!r} has blocks {self._block_ranges()}; {MOE_LAYERS_FORMS}",
+            )
+        return layers
+
+    def _block_ranges(self) -> str:
+        """``0..3 (prelude: 0, core: 1-2, coda: 3)``: the distinct-block numbering of the layout."""
+        layout, parts, start = self.parsed_layout, [], 0
+        named = [
+            ("prelude", layout.prelude),
+            *(("core" if len(layout.cores) == 1 else f"core {i}", n) for i, n in enumerate(layout.cores)),
+            ("coda", layout.coda),
+        ]
+        for name, size in named:
+            if size:
+                parts.append(f"{name}: {start}" + (f"-{start + size - 1}" if size > 1 else ""))
+            start += size
+        return f"0..{start - 1}" + (f" ({', '.join(parts)})" if not layout.is_vanilla else "")
 
     def _check_sizes(self) -> None:
         positive = {
@@ -164,7 +293,18 @@ class ModelConfig:
         return self.replace(layout=str(self.compute_depth), scheme="base", buffer_slots=None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in _FIELD_NAMES}
+        """The init fields, ``ModelConfig(**to_dict())`` rebuilds the config. The ``moe_*`` fields
+        appear resolved (``moe_top_k=None`` and ``moe_top_k=2`` are one model) and only when MoE is
+        on, so a dense config's dict (and a run's hash, experiments/identity.py) is what it was
+        before MoE existed."""
+        values = {f: getattr(self, f) for f in _FIELD_NAMES if f not in MOE_FIELDS}
+        if self.moe is not None:
+            moe = self.moe
+            layers = self.moe_layers if self.moe_layers is not None else "all"
+            layers = list(layers) if isinstance(layers, tuple) else layers  # YAML- and JSON-friendly
+            resolved = (moe.experts, moe.top_k, moe.hidden, layers, moe.aux_coef, moe.z_coef)
+            values.update(zip(MOE_FIELDS, resolved, strict=True))
+        return values
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
@@ -181,8 +321,32 @@ class ModelConfig:
             "max_seq_len": preset.max_seq_len,
             "preset": name,
         }
+        # A MoE preset's experts, unless the overrides switch MoE off (moe_experts=None).
+        if overrides.get("moe_experts", preset.moe_experts) is not None:
+            values.update({f: getattr(preset, f) for f in MOE_PRESET_FIELDS if getattr(preset, f) is not None})
         values.update(overrides)
         return cls(**values)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _canonical_moe_layers(value: Any) -> str | int | tuple[int, ...] | None:
+    """``moe_layers`` in one spelling: None, ``"all"`` (also for 1), a stride >= 2, or a sorted
+    tuple of distinct indices (a list from YAML becomes one). Whether the indices exist in the
+    layout is checked once the layout is known (:meth:`ModelConfig._moe_blocks`)."""
+    if value is None or value == "all":
+        return value
+    if _is_int(value):
+        if value < 1:
+            raise ConfigError("moe_layers", value, MOE_LAYERS_FORMS)
+        return "all" if value == 1 else value
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        indices = tuple(value)
+        if indices and all(_is_int(i) for i in indices) and len(set(indices)) == len(indices):
+            return tuple(sorted(indices))
+    raise ConfigError("moe_layers", value, MOE_LAYERS_FORMS)
 
 
 def _check_field_names(values: dict[str, Any]) -> None:

@@ -79,7 +79,7 @@ def from_hf_gpt_neox(hf_model: GPTNeoXForCausalLM, **overrides: Any) -> MeshTran
 def to_hf_gpt_neox(model: MeshTransformer) -> GPTNeoXForCausalLM:
     """A GPTNeoXForCausalLM computing the same logits as ``model``.
 
-    Works for every layout with ``scheme='base'``: a looped core is unrolled (its weights copied
+    Works for every dense layout with ``scheme='base'``: a looped core is unrolled (its weights copied
     into each of the K positions), and an embedding scale is folded into the input embedding.
     """
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -87,6 +87,8 @@ def to_hf_gpt_neox(model: MeshTransformer) -> GPTNeoXForCausalLM:
     config = model.config
     if config.scheme_spec.kind != "base":
         raise ConfigError("scheme", config.scheme, "only scheme=base has a GPT-NeoX equivalent")
+    if config.moe is not None:
+        raise ConfigError("moe_experts", config.moe_experts, "only a dense model has a GPT-NeoX equivalent")
     blocks = [block for stack in model.unrolled_stacks() for block in stack]
     hf_config = GPTNeoXConfig(
         vocab_size=config.vocab_size,

@@ -1,4 +1,5 @@
-"""The GPT-NeoX (Pythia) block: parallel residual, partial rotary attention, GELU MLP.
+"""The GPT-NeoX (Pythia) block: parallel residual, partial rotary attention, GELU MLP (or the
+mixture-of-experts feed-forward of :mod:`mesh_model.moe`).
 
 Parameter names follow Hugging Face's GPTNeoX modules (``attention.query_key_value``,
 ``mlp.dense_h_to_4h``...), and the fused QKV projection keeps NeoX's per-head ``[q|k|v]``
@@ -10,11 +11,17 @@ differentiable ops; eager mode runs a fused equivalent from :mod:`mesh_model.fus
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mesh_model.fused_rotary import fused_rotary_qkv
+from mesh_model.moe import MoE, RouterCall
+
+if TYPE_CHECKING:
+    from mesh_model.config import MoESpec
 
 
 def rotary_tables(seq_len: int, rotary_dims: int, base: float, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -83,27 +90,49 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attn(LN1(x)) + mlp(LN2(x)), with untied LayerNorms (GPT-NeoX parallel residual)."""
+    """x + attn(LN1(x)) + mlp(LN2(x)), with untied LayerNorms (GPT-NeoX parallel residual).
+    With ``moe`` the MLP is the mixture of experts (:class:`mesh_model.moe.MoE`)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_hidden: int, eps: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_hidden: int, eps: float, moe: MoESpec | None = None) -> None:
         super().__init__()
         self.input_layernorm = nn.LayerNorm(d_model, eps=eps)
         self.post_attention_layernorm = nn.LayerNorm(d_model, eps=eps)
         self.attention = Attention(d_model, n_heads)
-        self.mlp = MLP(d_model, d_hidden)
+        self.mlp: MLP | MoE = (
+            MLP(d_model, d_hidden) if moe is None else MoE(d_model, moe.hidden, moe.experts, moe.top_k)
+        )
 
-    def output_projections(self) -> tuple[nn.Linear, nn.Linear]:
-        """The projections that write into the residual stream (depth-scaled at init)."""
+    def output_projections(self) -> tuple[nn.Module, nn.Module]:
+        """The projections that write into the residual stream (depth-scaled at init): Linears,
+        and the experts' stacked down-projections in a MoE block."""
         return self.attention.dense, self.mlp.dense_4h_to_h
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-        return x + self.attention(self.input_layernorm(x), rope) + self.mlp(self.post_attention_layernorm(x))
+        return self.run(x, rope)[0]
+
+    def run(self, x: Tensor, rope: tuple[Tensor, Tensor], stats: bool = False) -> tuple[Tensor, RouterCall | None]:
+        """The block's output and, in a MoE block, its router call (``stats``: with statistics)."""
+        attention = self.attention(self.input_layernorm(x), rope)
+        if isinstance(self.mlp, MoE):
+            mlp, call = self.mlp(self.post_attention_layernorm(x), stats)
+            return x + attention + mlp, call
+        return x + attention + self.mlp(self.post_attention_layernorm(x)), None
 
 
 class Stack(nn.Sequential):
     """A run of blocks applied in order; the unit that a layout shares or repeats."""
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:  # type: ignore[override]
+        return self.run(x, rope)[0]
+
+    def run(self, x: Tensor, rope: tuple[Tensor, Tensor], stats: bool = False) -> tuple[Tensor, tuple[RouterCall, ...]]:
+        """The stack's output and the router calls of its MoE blocks, in block order. A dense
+        block is called as a module, as before MoE existed (its hooks run)."""
+        calls = []
         for block in self:
-            x = block(x, rope)
-        return x
+            if isinstance(block.mlp, MoE):
+                x, call = block.run(x, rope, stats)
+                calls.append(call)
+            else:
+                x = block(x, rope)
+        return x, tuple(calls)

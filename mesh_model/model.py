@@ -1,8 +1,11 @@
-"""The recursive GPT-NeoX: embeddings, prelude, core(s) with state passing, coda, head."""
+"""The recursive GPT-NeoX: embeddings, prelude, core(s) with state passing, coda, head; any block's
+MLP may be a mixture of experts (``ModelConfig.moe_*``, :mod:`mesh_model.moe`)."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from mesh_model.config import ModelConfig
 from mesh_model.layers import Block, Stack, rotary_tables
 from mesh_model.loss import IGNORE_INDEX, linear_cross_entropy, shifted_targets
+from mesh_model.moe import BlockRouting, ExpertLinear, RouterCall, block_routing, combine
 from mesh_model.schemes import StatePassing, build_state_passing, check_mesh_buffer
 
 
@@ -28,12 +32,25 @@ class ModelOutput:
     ``core_outputs`` (asked for with the hidden states) maps ``f1`` .. ``fK`` to what core iteration
     t returned, f(h(t-1)), before the state passing makes h(t) of it: the block's own output, which
     the update probe compares with its input h(t-1). Empty for a vanilla layout.
+
+    Mixture of experts (None for a dense model): ``loss`` stays the language-model loss alone;
+    ``aux_lb`` and ``aux_z`` are the unweighted load-balancing and router z-losses, each the mean
+    over every router call of the pass (a shared core's block counts once per loop iteration,
+    :func:`mesh_model.moe.combine`); ``aux_loss`` = moe_aux_coef * aux_lb + moe_z_coef * aux_z is
+    what training adds to ``loss``. ``routing`` (asked for with ``return_routing``) maps each MoE
+    block's module name (``prelude.0``, ``cores.0.1``, ``coda.0``) to its
+    :class:`~mesh_model.moe.BlockRouting`: expert load, router entropy and the chosen-expert
+    Jaccard between consecutive loop iterations; empty for a dense model.
     """
 
     logits: Tensor | None
     loss: Tensor | None = None
     hidden_states: dict[str, Tensor] | None = None
     core_outputs: dict[str, Tensor] | None = None
+    aux_loss: Tensor | None = None
+    aux_lb: Tensor | None = None
+    aux_z: Tensor | None = None
+    routing: dict[str, BlockRouting] | None = None
 
 
 class MeshTransformer(nn.Module):
@@ -52,9 +69,16 @@ class MeshTransformer(nn.Module):
         self.activation_checkpointing = activation_checkpointing
         layout = config.parsed_layout
         d, heads, hidden = config.d_model, config.n_heads, config.mlp_ratio * config.d_model
+        moe_blocks = set(config.moe.blocks) if config.moe is not None else set()
+        index = itertools.count()  # distinct blocks in build order: prelude, cores, coda
 
         def stack(n: int) -> Stack:
-            return Stack(*(Block(d, heads, hidden, config.layer_norm_eps) for _ in range(n)))
+            return Stack(
+                *(
+                    Block(d, heads, hidden, config.layer_norm_eps, config.moe if next(index) in moe_blocks else None)
+                    for _ in range(n)
+                )
+            )
 
         self.embed_in = nn.Embedding(config.vocab_size, d)
         self.prelude = stack(layout.prelude)
@@ -69,14 +93,22 @@ class MeshTransformer(nn.Module):
             )
         self.core_schedule = layout.core_schedule
         self.embedding_scale = math.sqrt(d) if config.scale_embeddings else 1.0
+        # The MoE blocks of each stack by module name, and each one's distinct-block index.
+        names = [f"prelude.{i}" for i in range(layout.prelude)]
+        names += [f"cores.{c}.{i}" for c, n in enumerate(layout.cores) for i in range(n)]
+        names += [f"coda.{i}" for i in range(layout.coda)]
+        self.moe_block_index = {name: i for i, name in enumerate(names) if i in moe_blocks}
+        stacks = ["prelude", *(f"cores.{c}" for c in range(len(layout.cores))), "coda"]
+        self._routed_names = {s: tuple(n for n in self.moe_block_index if n.rsplit(".", 1)[0] == s) for s in stacks}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights, zero biases, unit LayerNorms; output projections of every
-        block (attention dense, MLP down) get std / sqrt(2 * compute depth)."""
+        """Normal(0, init_std) weights (MoE routers and experts too), zero biases, unit LayerNorms;
+        output projections of every block (attention dense, MLP down or every expert's down) get
+        std / sqrt(2 * compute depth)."""
         std = self.config.init_std
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding, ExpertLinear)):
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
@@ -104,22 +136,26 @@ class MeshTransformer(nn.Module):
         labels: Tensor | None = None,
         return_hidden_states: bool = False,
         return_logits: bool = True,
+        return_routing: bool = False,
     ) -> ModelOutput:
         """``labels`` (same shape as ``input_ids``, -100 ignored) give the shifted next-token loss.
         With ``return_logits=False`` and labels, the loss comes from the hidden states in chunks
         (:mod:`mesh_model.loss`) and the full logits are never formed: the training path.
-        ``return_hidden_states`` also returns each core iteration's output (``core_outputs``)."""
+        ``return_hidden_states`` also returns each core iteration's output (``core_outputs``);
+        ``return_routing`` the MoE blocks' routing statistics (off in training: they cost)."""
         seq_len = input_ids.shape[1]
         if seq_len > self.config.max_seq_len:
             raise ValueError(f"input length {seq_len} exceeds max_seq_len={self.config.max_seq_len}")
         rope = rotary_tables(seq_len, self.config.rotary_dims, self.config.rotary_base, input_ids.device)
         stages: dict[str, Tensor] = {}
         core_outputs: dict[str, Tensor] = {}
+        calls: list[tuple[str, RouterCall]] = []  # (MoE block name, its call), in the order run
 
         h_emb = self.embed_in(input_ids)
         if self.embedding_scale != 1.0:
             h_emb = h_emb * self.embedding_scale
-        h = self.prelude(h_emb, rope)
+        h, routed = self._run_stack("prelude", h_emb, rope, return_routing)
+        calls += zip(self._routed_names["prelude"], routed, strict=True)
         if return_hidden_states:
             stages["embedding"], stages["prelude"] = h_emb, h
 
@@ -128,34 +164,65 @@ class MeshTransformer(nn.Module):
             if return_hidden_states:
                 stages["h0"] = state.h
             for t, core_index in enumerate(self.core_schedule):
-                core_out = self._run_core(core_index, state.h, rope)
+                core_out, routed = self._run_core(core_index, state.h, rope, return_routing)
+                calls += zip(self._routed_names[f"cores.{core_index}"], routed, strict=True)
                 state = self.state_passing.step(t, core_out, state)
                 if return_hidden_states:
                     core_outputs[f"f{t + 1}"], stages[f"h{t + 1}"] = core_out, state.h
             h = self.state_passing.end(state)
 
-        h = self.coda(h, rope)
+        h, routed = self._run_stack("coda", h, rope, return_routing)
+        calls += zip(self._routed_names["coda"], routed, strict=True)
         if return_hidden_states:
             stages["coda"] = h
         h = self.final_layer_norm(h)
-        hidden_states = stages if return_hidden_states else None
-        cores = core_outputs if return_hidden_states else None
+        extras = self._router_outputs(calls, return_routing)
+        extras.update(
+            hidden_states=stages if return_hidden_states else None,
+            core_outputs=core_outputs if return_hidden_states else None,
+        )
         if labels is not None and not return_logits:
             loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed_out.weight, shifted_targets(labels))
-            return ModelOutput(logits=None, loss=loss, hidden_states=hidden_states, core_outputs=cores)
+            return ModelOutput(logits=None, loss=loss, **extras)
         logits = self.embed_out(h)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(), shifted_targets(labels), ignore_index=IGNORE_INDEX
             )
-        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden_states, core_outputs=cores)
+        return ModelOutput(logits=logits, loss=loss, **extras)
 
-    def _run_core(self, core_index: int, h: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-        core = self.cores[core_index]
+    def _run_core(
+        self, core_index: int, h: Tensor, rope: tuple[Tensor, Tensor], stats: bool
+    ) -> tuple[Tensor, tuple[RouterCall, ...]]:
         if self.activation_checkpointing and torch.is_grad_enabled():
-            return checkpoint(core, h, rope, use_reentrant=False)
-        return core(h, rope)
+            return checkpoint(self._run_stack, f"cores.{core_index}", h, rope, stats, use_reentrant=False)
+        return self._run_stack(f"cores.{core_index}", h, rope, stats)
+
+    def _run_stack(
+        self, name: str, h: Tensor, rope: tuple[Tensor, Tensor], stats: bool
+    ) -> tuple[Tensor, tuple[RouterCall, ...]]:
+        """A stack's output and its MoE blocks' router calls. A stack without MoE blocks is
+        called as a module (its forward, hooks and all) and reports no calls."""
+        stack = self.get_submodule(name)
+        if not self._routed_names[name]:
+            return stack(h, rope), ()
+        return stack.run(h, rope, stats)
+
+    def _router_outputs(self, calls: list[tuple[str, RouterCall]], return_routing: bool) -> dict:
+        """ModelOutput's MoE fields from the pass's router calls (none in a dense model)."""
+        out: dict = {"routing": {} if return_routing else None}
+        moe = self.config.moe
+        if moe is None or not calls:
+            return out
+        aux_lb, aux_z = combine([call for _, call in calls])
+        out.update(aux_lb=aux_lb, aux_z=aux_z, aux_loss=moe.aux_coef * aux_lb + moe.z_coef * aux_z)
+        if return_routing:
+            by_block: dict[str, list[RouterCall]] = defaultdict(list)
+            for name, call in calls:
+                by_block[name].append(call)
+            out["routing"] = {name: block_routing(self.moe_block_index[name], c) for name, c in by_block.items()}
+        return out
 
 
 def build_model(
