@@ -9,12 +9,13 @@ MLflow's per-request limits.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -196,14 +197,60 @@ NOTE_TAG = "mlflow.note.content"
 TAG_VALUE_LIMIT = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 
 
-def runs_list_url(tracking_uri: str, experiment_id: str) -> str:
-    """Where the MLflow UI lists the runs of experiment ``experiment_id``: the page on an http(s)
-    tracking server; for any other store (a local sqlite file), the ``mlflow ui`` command that
-    serves it, then the page at :data:`LOCAL_UI`.
+# The experiment view that shows the key metrics first (see :func:`key_metrics_view`): MLflow's UI
+# loads a view kept in the experiment tag ``mlflow.sharedViewState.<key>`` when the page's URL
+# carries ``viewStateShareKey=<key>``.
+KEY_METRICS_VIEW = "mesh-key-metrics"
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+MODEL_METRICS_SECTION = "Model metrics"  # the UI's chart section of the metrics without a "/"
+
+
+def key_metrics_view(val_sets: Sequence[str]) -> dict[str, Any]:
+    """The runs page as a grid is read: every run in one flat list (a sort other than by date
+    stops MLflow nesting cells under the sweep's collapsed parent), best validation loss first,
+    the validation perplexities, losses and the run's coordinates as columns, all runs in the
+    charts, and the chart sections of validation and training first.
+
+    MLflow 3.17 orders chart sections alphabetically (``RunsChartsCardConfig`` in
+    ``runs-charts.types.ts``), which puts the ``probe/...`` sections before ``val/...`` and
+    ``train``; a view marked as reordered keeps its sections in the given order and appends
+    any others after them. The state is the UI's own (``ExperimentPageUIState`` and the search
+    facets); the UI fills in every field left out with its default."""
+    sets = list(dict.fromkeys(val_sets))
+    first = [*(f"val/{s}" for s in sets), "train", MODEL_METRICS_SECTION]
+    columns = [f"metrics.`val/{s}/ppl`" for s in sets] + ["metrics.`val_loss`", "metrics.`train/loss`"]
+    columns += [f"tags.`{tag}`" for tag in ("scheme", "layout", "buffer_slots", "seed")]
+    return {
+        "orderByKey": "metrics.`val_loss`",
+        "orderByAsc": True,
+        "selectedColumns": columns,
+        "runsHiddenMode": "SHOW_ALL",
+        "compareRunSections": [
+            {"uuid": f"{KEY_METRICS_VIEW}-{i}", "name": name, "display": True, "isReordered": False}
+            for i, name in enumerate(first)
+        ],
+        "compareRunCharts": [],
+        "isAccordionReordered": True,
+    }
+
+
+def write_key_metrics_view(client: Any, experiment_id: str, val_sets: Sequence[str]) -> str:
+    """Keep :func:`key_metrics_view` in the experiment (replacing an earlier one); its key."""
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + KEY_METRICS_VIEW, json.dumps(key_metrics_view(val_sets)))
+    return KEY_METRICS_VIEW
+
+
+def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None) -> str:
+    """Where the MLflow UI lists the runs of experiment ``experiment_id`` (in the experiment's
+    shared ``view`` when given, e.g. :data:`KEY_METRICS_VIEW`): the page on an http(s) tracking
+    server; for any other store (a local sqlite file), the ``mlflow ui`` command that serves it,
+    then the page at :data:`LOCAL_UI`.
 
     ``workflowType=machine_learning`` opens the runs table: MLflow 3's UI otherwise opens an
     experiment on its GenAI view (traces), whatever the experiment holds."""
     page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if view:
+        page += f"&viewStateShareKey={view}"
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/{page}"
     return f"{script_command('mlflow')} ui --backend-store-uri {tracking_uri}, then open {LOCAL_UI}/{page}"

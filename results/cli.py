@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ids = ", ".join(output.published)
         print(f"[mesh-results] the table, the claims and the report are on the sweep's parent run in MLflow: {ids}")
     for name, experiment_id in output.experiment_ids.items():
-        print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id)}")
+        print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id, output.view)}")
     return 0
 
 

@@ -47,7 +47,7 @@ def run_main_job(
     print((out_dir / "table.md").read_text())
     print(f"Report:  {out_dir / 'report.md'} (tables, figures and probes; table.tex and table.csv beside it)")
     print(f"Claims:  {out_dir / 'claims.md'} (each claim of the paper these runs can test, with its verdict)")
-    print(f"MLflow:  {runs_list_url(store, output.experiment_ids[SWEEP])}")
+    print(f"MLflow:  {runs_list_url(store, output.experiment_ids[SWEEP], output.view)}")
     print(
         "         (experiment 'schemes': one parent run, whose description holds the table and the claims, and one child run per cell)"
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.tracking import write_key_metrics_view
 from results import collect, plots, publish, render, tables
 from results.aggregate import Results, aggregate, decimals_for, is_accuracy
 from results.claims import Evaluation
@@ -39,6 +40,7 @@ class Output:
     evaluations: list[Evaluation] = field(default_factory=list)
     published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
+    view: str | None = None  # the key-metrics view written to those experiments (experiments.tracking)
 
 
 def build_report(
@@ -109,6 +111,9 @@ def build_report(
     known = collect.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents:
+        sets = collect.validation_sets(results.runs)
+        for experiment_id in output.experiment_ids.values():
+            output.view = write_key_metrics_view(client, experiment_id, sets)
         parents = publish.sweep_parents(client, output.experiment_ids.values(), results.runs["run_id"])
         output.published = publish.publish_report(client, parents, out, name)
     return output

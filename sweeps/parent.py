@@ -28,6 +28,7 @@ from experiments.tracking import (
     prepare_sqlite_store,
     reopen_run,
     set_run_description,
+    write_key_metrics_view,
 )
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
 
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
     from experiments.plan import RunPlan
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def val_sets(plans: Sequence[RunPlan]) -> list[str]:
+    """The validation sets the cells of a grid report, in order, each once (``val/<set>/...``)."""
+    names = (name for plan in plans for name in (plan.data.corpus, *plan.data.extra_val))
+    return list(dict.fromkeys(names))
 
 
 def grid_params(name: str, cells: Sequence[Cell], shared: Sequence[str]) -> dict[str, str]:
@@ -74,6 +81,7 @@ class ParentRun:
     experiment_id: str
     client: Any = field(repr=False)
     earlier: int = 0
+    view: str | None = None  # the experiment's key-metrics view (experiments.tracking.key_metrics_view)
     _last_ms: int = field(default=0, init=False, repr=False)
 
     @classmethod
@@ -86,11 +94,13 @@ class ParentRun:
         cells: Sequence[Cell],
         params: Mapping[str, str],
         tags: Mapping[str, str],
+        val_sets: Sequence[str] = (),
     ) -> ParentRun:
         """The parent of the grid ``key`` in ``plan``'s store and experiment (its id kept in
         ``sweep_dir``): created with ``params`` on the first run, else set RUNNING again with the
         tags of how an earlier invocation stopped cleared, so its final status and tags are those
-        of the latest one. ``tags`` say how this invocation runs."""
+        of the latest one. ``tags`` say how this invocation runs. The experiment gets (again) the
+        view that shows the validation sets ``val_sets`` first."""
         import mlflow
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -111,6 +121,8 @@ class ParentRun:
             run = client.get_run(run_id)
         parent = cls(plan.tracking_uri, run_id, run.info.experiment_id, client)
         parent.set_tags({**tags, "git_commit": git_commit(PROJECT_ROOT)})
+        if val_sets:
+            parent.view = write_key_metrics_view(client, parent.experiment_id, val_sets)
         return parent
 
     def set_tags(self, tags: Mapping[str, str]) -> None:

@@ -198,9 +198,11 @@ def results_command(experiment: str, tracking_uri: str, runs_dir: Path, relative
     return shlex.join([script_command("mesh-results"), experiment, *map(str, where)])
 
 
-def next_steps(experiment: str, experiment_id: str, tracking_uri: str, runs_dir: Path) -> list[str]:
-    """What to run once the grid ended: the results, and the runs in the MLflow UI."""
+def next_steps(
+    experiment: str, experiment_id: str, tracking_uri: str, runs_dir: Path, view: str | None = None
+) -> list[str]:
+    """What to run once the grid ended: the results, and the runs in the MLflow UI (in ``view``)."""
     return [
         f"results: {results_command(experiment, tracking_uri, runs_dir)}",
-        f"MLflow:  {runs_list_url(tracking_uri, experiment_id)}",
+        f"MLflow:  {runs_list_url(tracking_uri, experiment_id, view)}",
     ]

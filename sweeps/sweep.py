@@ -50,7 +50,7 @@ from sweeps.config import LaunchConfig
 from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_overrides, split_arguments, sweep_key
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.launchers import LaunchError
-from sweeps.parent import ParentRun, grid_params
+from sweeps.parent import ParentRun, grid_params, val_sets
 from sweeps.progress import COMPLETED, GridConsole, next_steps, results_command, summary_table, trials_table
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -98,7 +98,9 @@ def run_sweep(
     packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
     shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
     tags = invocation_tags(command, launch)
-    parent = ParentRun.open(name, key, plans[0], sweep_dir, cells, grid_params(name, cells, shared), tags)
+    parent = ParentRun.open(
+        name, key, plans[0], sweep_dir, cells, grid_params(name, cells, shared), tags, val_sets(plans)
+    )
     outcomes: dict[int, CellOutcome] = {}
     pending = []
     for cell, plan, done in zip(cells, plans, finished, strict=True):
@@ -164,7 +166,7 @@ def finish(
         print(f"[mesh-sweep] could not describe the parent run {parent.run_id}: {failure}", file=sys.stderr)
     parent.close(outcomes, total, interrupted=interrupted)
     print(f"\n{table}\n", file=out)
-    for line in next_steps(plan.experiment, parent.experiment_id, plan.tracking_uri, runs_dir):
+    for line in next_steps(plan.experiment, parent.experiment_id, plan.tracking_uri, runs_dir, parent.view):
         print(line, file=out)
     out.flush()
 
@@ -252,7 +254,7 @@ def run_search_sweep(
         "search.space": " ".join(f"{k}={v}" for k, v in search.params.items()),
     }
     params = {"sweep": name, "overrides": " ".join(shared)}
-    parent = ParentRun.open(name, key, plan, sweep_dir, [Cell(0, overrides)], params, tags)
+    parent = ParentRun.open(name, key, plan, sweep_dir, [Cell(0, overrides)], params, tags, val_sets([plan]))
     base_overrides = [*overrides, f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
     study = existing_study(study_name, storage)
     already = parent.earlier = sum(trial.state in FINISHED_STATES for trial in study.trials) if study else 0

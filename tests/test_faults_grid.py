@@ -188,7 +188,11 @@ def test_ctrl_c_stops_the_grid_closes_every_run_and_exits_130(tmp_path, cell):
     # What to run next, also after Ctrl-C: the results, and the runs in the MLflow UI.
     *_, results, ui = text.rstrip().splitlines()
     assert results.startswith("results: ") and results.endswith("mesh-results schemes --runs-dir runs")  # its cwd's
-    assert ui.startswith("MLflow:  ") and "#/experiments/" in ui and ui.endswith("/runs?workflowType=machine_learning")
+    assert (
+        ui.startswith("MLflow:  ")
+        and "#/experiments/" in ui
+        and ui.endswith("/runs?workflowType=machine_learning&viewStateShareKey=mesh-key-metrics")
+    )
 
     parents, cells = store(runs)
     assert len(parents) == 1 and parents[0].info.status == "KILLED"

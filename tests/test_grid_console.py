@@ -18,7 +18,16 @@ from experiments.callbacks.progress import PlainProgress
 from experiments.compose import compose_config
 from experiments.console import PROGRESS_ENV, duration
 from experiments.plan import plan_run
-from experiments.tracking import NOTE_TAG, TAG_VALUE_LIMIT, runs_list_url, set_run_description
+from experiments.tracking import (
+    KEY_METRICS_VIEW,
+    NOTE_TAG,
+    SHARED_VIEW_TAG,
+    TAG_VALUE_LIMIT,
+    key_metrics_view,
+    runs_list_url,
+    set_run_description,
+    write_key_metrics_view,
+)
 from sweeps.grid import expand_cells
 from sweeps.sweep import run_sweep
 
@@ -48,6 +57,51 @@ def test_the_installed_mlflow_ui_reads_the_runs_page_and_workflow_type_of_that_u
     assert "createHashRouter" in bundle  # hence /#/ in the URL
     assert '"/experiments/:experimentId/:tabName"' in bundle and 'Runs="runs"' in bundle
     assert 'get("workflowType")' in bundle and 'MACHINE_LEARNING="machine_learning"' in bundle
+
+
+def test_runs_list_url_opens_a_shared_view_when_given_one():
+    url = runs_list_url("http://mlflow.lab:5000", "7", KEY_METRICS_VIEW)
+    assert url == f"http://mlflow.lab:5000/{RUNS_PAGE.format(7)}&viewStateShareKey={KEY_METRICS_VIEW}"
+
+
+def test_the_key_metrics_view_lists_runs_flat_by_val_loss_and_puts_validation_sections_first(tmp_path):
+    view = key_metrics_view(["shakespeare", "kjv", "shakespeare"])
+    assert (view["orderByKey"], view["orderByAsc"]) == ("metrics.`val_loss`", True)
+    assert [s["name"] for s in view["compareRunSections"]] == ["val/shakespeare", "val/kjv", "train", "Model metrics"]
+    assert view["isAccordionReordered"] is True and view["compareRunCharts"] == []
+    assert view["selectedColumns"][:4] == [
+        "metrics.`val/shakespeare/ppl`",
+        "metrics.`val/kjv/ppl`",
+        "metrics.`val_loss`",
+        "metrics.`train/loss`",
+    ]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("views")
+    assert write_key_metrics_view(client, experiment_id, ["shakespeare"]) == KEY_METRICS_VIEW
+    stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + KEY_METRICS_VIEW]
+    assert json.loads(stored) == key_metrics_view(["shakespeare"])
+
+
+def test_the_installed_mlflow_ui_reads_a_shared_view_from_that_tag_as_plain_json():
+    """The view is the UI's own state: its tag prefix, URL key, plain-JSON fallback, the fields it
+    sets, and the rule that a reordered accordion keeps its sections' order (checked in the UI
+    bundle of the installed MLflow, so an upgrade that changes them fails here)."""
+    build = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    bundle = "".join(path.read_text(errors="replace") for path in build.glob("*.js"))
+    assert '"viewStateShareKey"' in bundle and f'"{SHARED_VIEW_TAG}"' in bundle
+    assert ":JSON.parse(e))(t.value)" in bundle  # an uncompressed value is parsed as JSON
+    for field in (
+        "selectedColumns",
+        "compareRunCharts",
+        "compareRunSections",
+        "isAccordionReordered",
+        "runsHiddenMode",
+    ):
+        assert f'"{field}"' in bundle, field
+    assert '"orderByKey","orderByAsc"' in bundle and 'SHOWALL="SHOW_ALL"' in bundle
+    assert 'q="Model metrics"' in bundle
+    # updateChartAndSectionConfigs sorts the sections by name only when the accordion was not reordered
+    assert "!n){const e=v.filter(e=>e.name!==i.NN&&e.name!==i.rx);e.sort((e,t)=>e.name.localeCompare(t.name))" in bundle
 
 
 def test_a_description_longer_than_mlflows_limit_is_cut_at_a_line_end(tmp_path):
@@ -168,7 +222,8 @@ def test_a_grid_in_a_log_says_each_start_and_end_and_its_parent_run_says_what_th
     experiment_id = parent.info.experiment_id
     store = f"sqlite:///{runs / 'mlflow.db'}"
     assert f"results: mesh-results schemes --runs-dir {runs}\n" in text.replace(f"{Path(sys.executable).parent}/", "")
-    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id)}")
+    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id, KEY_METRICS_VIEW)}")
+    assert SHARED_VIEW_TAG + KEY_METRICS_VIEW in client.get_experiment(experiment_id).tags
 
     # The parent: params (what the grid is), tags (how it was run), counts as each cell ended,
     # the table as its description, the summary as its artifact.

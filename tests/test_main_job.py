@@ -90,7 +90,7 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     # What the console shows: the table, where the report is, how to open the store.
     assert markdown.strip() in printed
     assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed
-    page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+    page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=mesh-key-metrics"
     assert (
         f"MLflow:  {Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {store}, then open {page}" in printed
     )
