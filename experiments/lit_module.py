@@ -60,9 +60,18 @@ class MeshLitModule(pl.LightningModule):
         return self.forward_model(input_ids).logits
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        """The language-model loss (logged as ``train/loss``), plus, for a mixture-of-experts model,
+        the router losses weighted by their coefficients (``ModelOutput.aux_loss``): what is
+        backpropagated. ``train/aux_lb`` and ``train/aux_z`` log the unweighted load-balancing and
+        z-losses; a dense model logs neither."""
         # The loss straight from the hidden states: the full logits are never built (mesh_model.loss).
-        loss = self.forward_model(batch, labels=batch, return_logits=False).loss
+        out = self.forward_model(batch, labels=batch, return_logits=False)
+        loss = out.loss
         self.log("train/loss", loss, prog_bar=True)
+        if out.aux_loss is not None:
+            self.log("train/aux_lb", out.aux_lb)
+            self.log("train/aux_z", out.aux_z)
+            loss = loss + out.aux_loss
         self.log("lr", self.optimizers().param_groups[0]["lr"])
         self._tokens_since += batch.numel()
         return loss
@@ -81,6 +90,7 @@ class MeshLitModule(pl.LightningModule):
         self._val_sums = {}
 
     def validation_step(self, batch: Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
+        # The language-model loss alone (a MoE model's router losses are not part of its PPL).
         loss = self.forward_model(batch, labels=batch, return_logits=False).loss
         sums = self._val_sums.setdefault(dataloader_idx, [0.0, 0])
         sums[0] += loss.item() * batch.shape[0]

@@ -186,7 +186,9 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
 def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_tokens: int, val_names: list[str]):
     """(params, metrics, artifacts) that say what the run is and what it was built as. Every param
     is logged here, once: the config, the resolved model (``model_config.*``), the validation sets,
-    the hash and the learning rate (Lightning logs no hyperparameters of its own)."""
+    the hash and the learning rate (Lightning logs no hyperparameters of its own). A mixture-of-experts
+    model also logs ``params_active_non_embedding``, ``params_active_total`` (what one token applies:
+    the router and top-k of the E experts), ``params_expert`` and ``params_moe_router``."""
     from experiments.identity import model_params
     from experiments.tracking import flatten
     from mesh_model import count_parameters
@@ -203,6 +205,13 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_token
         "flops_per_token": counts["flops_per_token"],
         "data_train_tokens": train_tokens,
     }
+    if model_config.moe is not None:  # what one token uses of a mixture of experts (dense runs: unchanged)
+        metrics.update(
+            params_active_non_embedding=counts["active_non_embedding"],
+            params_active_total=counts["active_total"],
+            params_expert=counts["expert"],
+            params_moe_router=counts["moe_router"],
+        )
     return params, metrics, (plan.run_dir / "config.yaml",)
 
 

@@ -3,7 +3,9 @@
 * PPL against % non-embedding parameters of vanilla, one point per row named in a legend, a panel per preset;
 * the B ablation (PPL against MeSH's buffer slots, error bars over seeds) when B varies;
 * training-loss curves per row (mean over seeds, ± std band), a panel per block;
-* the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`).
+* the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`), and, where
+  rows are mixtures of experts, their routing per router call, mean ± std over seeds
+  (:func:`mesh_model.probe_plots.routing_comparison_figure`).
 
 Every ``plot_*`` function returns the paths it wrote, or an empty list when the runs hold nothing to
 draw; a scheme has the same colour in every figure (:func:`mesh_model.probe_plots.scheme_color`).
@@ -18,7 +20,17 @@ from typing import Any
 
 import pandas as pd
 
-from mesh_model.probe_plots import LINE_STYLES, MARKERS, _figure, _save, plot_comparison, scheme_color, variant_index
+from mesh_model.probe_plots import (
+    LINE_STYLES,
+    MARKERS,
+    ROUTING_KINDS,
+    _figure,
+    _save,
+    plot_comparison,
+    routing_comparison_figure,
+    scheme_color,
+    variant_index,
+)
 from results.aggregate import Results, Row
 from results.paper import PaperRow
 
@@ -173,10 +185,37 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
 
 
+ROUTING_SUMMARIES = ("mean", "loop_mean", "chance")  # probe/moe_<kind>/<summary>: not a router call
+
+
+def routing_series(row: Row) -> dict[str, dict[str, tuple[float, float | None]]]:
+    """A MoE row's routing metrics (experiments.probing.routing) as
+    :func:`~mesh_model.probe_plots.routing_comparison_figure` takes them: ``load_cv`` and
+    ``entropy`` per router call, ``jaccard`` per pair of iterations, each (mean, std) over seeds;
+    empty for a dense row."""
+    series: dict[str, dict[str, tuple[float, float | None]]] = {}
+    for metric, stat in row.stats.items():
+        for kind in ROUTING_KINDS:
+            name = metric.removeprefix(f"probe/moe_{kind}/")
+            if name != metric and name not in ROUTING_SUMMARIES:
+                series.setdefault(kind, {})[name] = (stat.mean, stat.std)
+    return series
+
+
+def _chance(rows: Sequence[Row]) -> float | None:
+    """The rows' chance Jaccard when they share one (same E and k), else None."""
+    values = {
+        round(r.stats["probe/moe_jaccard/chance"].mean, 12) for r in rows if "probe/moe_jaccard/chance" in r.stats
+    }
+    return values.pop() if len(values) == 1 else None
+
+
 def plot_probes(results: Results, reports: Mapping[str, Any], out_dir: str | Path) -> dict[str, dict[str, list[Path]]]:
     """For each block with probe reports: the probe figures of its rows side by side (updates, RBF
     and linear CKA, spectra), each row drawn from the report of its first seed that has one
-    (in the block's order, each in its scheme's colour).
+    (in the block's order, each in its scheme's colour). A block with mixture-of-experts rows also
+    gets ``routing``: their expert load CV and router entropy per router call and the Jaccard
+    overlap between loop iterations, mean ± std over seeds (from the logged metrics).
     Returns block name -> figure -> paths."""
     figures = {}
     for block in results.blocks:
@@ -185,8 +224,18 @@ def plot_probes(results: Results, reports: Mapping[str, Any], out_dir: str | Pat
             run_id = next((r for r in row.run_ids if r in reports), None)
             if run_id is not None:
                 chosen[row.label], schemes[row.label] = reports[run_id], row.scheme
+        folder = Path(out_dir) / slug(block.name)
         if chosen:
-            figures[block.name] = plot_comparison(chosen, Path(out_dir) / slug(block.name), schemes=schemes)
+            figures[block.name] = plot_comparison(chosen, folder, schemes=schemes)
+        routed = [row for row in block.rows if routing_series(row)]
+        if routed:
+            fig = routing_comparison_figure(
+                {row.label: routing_series(row) for row in routed},
+                {row.label: row.scheme for row in routed},
+                _chance(routed),
+            )
+            fig.suptitle("mixture-of-experts routing (mean ± std over seeds)")
+            figures.setdefault(block.name, {})["routing"] = _save(fig, folder, "probe_compare_routing")
     return figures
 
 
@@ -208,5 +257,6 @@ __all__ = [
     "plot_train_loss",
     "ppl_vs_params_figure",
     "probe_seeds",
+    "routing_series",
     "train_loss_figure",
 ]

@@ -1,7 +1,8 @@
 """What goes in the paper's tables: columns, cells, tests, and the best and second best of each block.
 
-:func:`main_table` (parameters, loss and PPL per validation set, the paper's numbers, differences
-against vanilla and base, downstream accuracy) and :func:`probe_table` turn
+:func:`main_table` (parameters, and the active ones where a row is a mixture of experts, loss and
+PPL per validation set, the paper's numbers, differences against vanilla and base, downstream
+accuracy) and :func:`probe_table` (with a mixture of experts' routing) turn
 :class:`~results.aggregate.Results` into a :class:`Table`; :mod:`results.render` writes it. Every
 difference between two rows comes with its 95% confidence interval, p-value and test
 (:mod:`results.stats`). Within a block the best mean of each loss, PPL (lower) and downstream
@@ -19,6 +20,7 @@ from results.aggregate import Block, Results, Row, Stat, decimals_for, is_accura
 from results.stats import ALPHA, METHOD, diff_text, format_p
 
 DOWNSTREAM = (("eval/0shot/avg", "0-shot", "0shot"), ("eval/5shot/avg", "5-shot", "5shot"))
+ACTIVE_PARAMS = "params_active_non_embedding"  # logged by mixture-of-experts runs only
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,9 @@ def _identity_record(block: Block, row: Row) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Spec:
-    """What a group of columns shows. ``kind``: ``params`` | ``pct`` | ``stat`` | ``stat%`` (one
-    column of ``key``), ``update`` (the probe ``metric`` (``update`` or ``state_update``) of block
+    """What a group of columns shows. ``kind``: ``params`` | ``active`` (``key`` for a
+    mixture-of-experts row, its ``params_non_embedding`` for a dense one, whose every parameter is
+    active) | ``pct`` | ``stat`` | ``stat%`` (one column of ``key``), ``update`` (the probe ``metric`` (``update`` or ``state_update``) of block
     ``key`` as shown, see :func:`_shown_blocks`), ``paper`` (the paper's number ``key``),
     ``compare`` (three columns: Δ with its 95% CI, p and test of ``metric`` against the block's
     ``key`` row, named ``label``)."""
@@ -155,8 +158,10 @@ class Spec:
 def _spec_cells(spec: Spec, block: Block, row: Row, record: dict[str, Any]) -> list[Cell]:
     """The cells of one spec for ``row``; adds the raw numbers to ``record``."""
     kind, key = spec.kind, spec.key
-    if kind == "params":
+    if kind in ("params", "active"):
         stat = row.stats.get(key)
+        if stat is None and kind == "active":
+            stat = row.stats.get("params_non_embedding")
         record[key] = stat.mean if stat else None
         return [Cell(f"{stat.mean:,.0f}" if stat else "")]
     if kind == "pct":
@@ -222,10 +227,11 @@ def main_table(results: Results) -> Table:
     """The paper-style table: parameters, loss and PPL per validation set (the paper's number beside
     the main set's), differences against vanilla and base with their tests, downstream averages."""
     rows = results.rows
-    specs = [
-        Spec("params", "params_non_embedding", "non-emb params"),
-        Spec("pct", "params_pct_of_vanilla", "vs vanilla"),
-    ]
+    specs = [Spec("params", "params_non_embedding", "non-emb params")]
+    has_moe = any(ACTIVE_PARAMS in r.stats for r in rows)
+    if has_moe:
+        specs.append(Spec("active", ACTIVE_PARAMS, "active non-emb params"))
+    specs.append(Spec("pct", "params_pct_of_vanilla", "vs vanilla"))
     paper_metrics = {m for r in rows for m in r.paper}
     for i, name in enumerate(results.sets):
         for kind in ("loss", "ppl"):
@@ -252,6 +258,12 @@ def main_table(results: Results) -> Table:
         "n=1: a single seed, no spread shown.",
         MARKS_NOTE,
     ]
+    if has_moe:
+        notes.append(
+            "non-emb params: every non-embedding parameter (a mixture of experts: all E experts); active non-emb "
+            "params: what one token applies (the router and the top-k experts of each MoE block; a dense row: "
+            "all of them); vs vanilla: non-emb params against the vanilla row of the same preset."
+        )
     if paper_metrics:
         notes.append(
             "paper: the number the MeSH paper reports for the same preset, scheme and layout (and B, where "
@@ -288,6 +300,14 @@ PROBE_COMPARED = (
     ("probe/cka_rbf/loop_mean", "CKA rbf"),
     ("probe/cka_rbf_debiased/loop_mean", "CKA rbf debiased"),
     ("probe/erank/loop_mean", "erank"),
+    ("probe/moe_jaccard/loop_mean", "Jaccard"),
+)
+# A mixture of experts' routing (experiments.probing.routing): metric -> header.
+ROUTING_COLUMNS = (
+    ("probe/moe_load_cv/mean", "expert load CV"),
+    ("probe/moe_entropy/mean", "router entropy"),
+    ("probe/moe_jaccard/loop_mean", "Jaccard t,t+1"),
+    ("probe/moe_jaccard/chance", "Jaccard chance"),
 )
 
 
@@ -331,6 +351,8 @@ def probe_table(results: Results) -> Table | None:
                 metrics.append((metric, header))
     if "probe/erank/loop_mean" in present:
         metrics.append(("probe/erank/loop_mean", "erank h1..hK"))
+    routing = [(m, h) for m, h in ROUTING_COLUMNS if m in present]
+    metrics += routing
     if not metrics and not updates:
         return None
     specs = updates + [Spec("stat", metric, header) for metric, header in metrics]
@@ -360,6 +382,14 @@ def probe_table(results: Results) -> Table | None:
             "Rows without state update columns (" + ", ".join(unsplit) + ") may come from runs probed before the "
             "two measures were split, which logged the state update h(t-1) -> h(t) under probe/update: there, "
             "the update columns may hold the state update."
+        )
+    if routing:
+        notes.append(
+            "Mixture of experts (router calls of every MoE block, on the same held-out tokens): expert load CV, "
+            "std/mean of the experts' shares of the top-k choices (0 = balanced), and router entropy (nats, at "
+            "most log E), each the mean over every router call; Jaccard t,t+1: overlap of a token's chosen "
+            "experts between consecutive loop iterations, mean over the core blocks (1 = the same experts); "
+            "Jaccard chance: its value for two unrelated random top-k choices. Per call: probe/moe_* in MLflow."
         )
     if compared:
         notes.append(f"Δ<probe> vs base: against the base row of the same layout. {TEST_NOTE}")

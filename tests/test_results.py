@@ -1,7 +1,8 @@
 """mesh-results: tables, plots and report from runs read back out of MLflow.
 
-Two stores: one with synthetic runs logged through MlflowClient (paper-scale rows, known values,
-FAILED / RUNNING / KILLED runs), one from a real two-seed tiny sweep (base and mesh).
+Three stores: one with synthetic runs logged through MlflowClient (paper-scale rows, known values,
+FAILED / RUNNING / KILLED runs), one from a real two-seed tiny sweep (base and mesh), and one of
+synthetic mixture-of-experts rows beside a dense one (active parameters, routing probes).
 """
 
 from __future__ import annotations
@@ -93,13 +94,18 @@ def _cell_metrics(scheme, preset, ppl, zero_shot):
     return metrics
 
 
+def _store(tmp_path_factory, experiment: str) -> tuple[Path, str, mlflow.MlflowClient, str]:
+    """(folder, tracking URI, client, experiment id) of a new sqlite store holding ``experiment``."""
+    root = tmp_path_factory.mktemp(experiment)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    return root, uri, client, client.create_experiment(experiment, artifact_location=(root / "artifacts").as_uri())
+
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     """A sqlite store with the SYNTHETIC cells, one FAILED, one RUNNING and one pruned (KILLED) run."""
-    root = tmp_path_factory.mktemp("synthetic")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = mlflow.MlflowClient(uri)
-    experiment_id = client.create_experiment("synthetic", artifact_location=(root / "artifacts").as_uri())
+    root, uri, client, experiment_id = _store(tmp_path_factory, "synthetic")
     parent = _log(client, experiment_id, {"kind": "sweep", "sweep": "synthetic"}, {}, {}, name="sweep:synthetic")
     for preset, scheme, layout, slots, ppls, zero_shots in SYNTHETIC:
         for seed, ppl in enumerate(ppls):
@@ -436,3 +442,108 @@ def test_real_sweep_tables_match_mlflow(trained):
     for kind in ("updates", "cka_rbf", "cka_linear", "spectra"):
         _assert_image(probes / f"probe_compare_{kind}.png")
     assert "core balance" in (out / "probes.md").read_text()
+
+
+# ---------------------------------------------------------------- mixture of experts
+
+# (preset, scheme, layout, PPL per seed); the MoE rows log their active parameters and routing.
+MOE_ROWS = [
+    ("tiny", "base", "1+2R2+1", [50.0, 51.0]),
+    ("tiny-moe", "vanilla", "6", [45.0, 46.0]),
+    ("tiny-moe", "base", "1+2R2+1", [49.0, 50.0]),
+    ("tiny-moe", "mesh", "1+2R2+1", [47.0, 47.5]),
+]
+MOE_NON_EMB = {"tiny": 200_064, ("tiny-moe", "6"): 900_224, ("tiny-moe", "1+2R2+1"): 600_192}
+MOE_ACTIVE = {("tiny-moe", "6"): 303_488, ("tiny-moe", "1+2R2+1"): 202_368}
+
+
+@pytest.fixture(scope="module")
+def moe_results(tmp_path_factory):
+    """A store of MOE_ROWS: a dense tiny row and tiny-moe's vanilla, base and MeSH, two seeds each."""
+    root, uri, client, experiment_id = _store(tmp_path_factory, "moe")
+    for preset, scheme, layout, ppls in MOE_ROWS:
+        for seed, ppl in enumerate(ppls):
+            tags = {"preset": preset, "scheme": scheme, "layout": layout, "seed": str(seed), "buffer_slots": ""}
+            tags["config_hash"] = f"{preset}-{scheme}-{seed}"
+            params = {"model": preset, "scheme": scheme, "seed": seed, "data.corpus": "pile"}
+            moe = preset == "tiny-moe"
+            metrics = {
+                "val/pile/loss": math.log(ppl),
+                "val/pile/ppl": ppl,
+                "val_loss": math.log(ppl),
+                "params_non_embedding": MOE_NON_EMB[(preset, layout)] if moe else MOE_NON_EMB[preset],
+                "params_pct_of_vanilla": 100.0 if scheme == "vanilla" else 66.67,
+            }
+            if moe:
+                metrics["params_active_non_embedding"] = MOE_ACTIVE[(preset, layout)]
+                metrics["probe/moe_load_cv/mean"] = 0.1 + seed / 100
+                metrics["probe/moe_entropy/mean"] = 2.0
+                metrics["probe/moe_jaccard/chance"] = 5 / 28
+                calls = [f"prelude.{i}" for i in range(6)]
+                if scheme != "vanilla":
+                    calls = ["prelude.0", *(f"cores.0.{c}/iter{t}" for c in (0, 1) for t in (1, 2)), "coda.0"]
+                    jaccard = 0.9 if scheme == "base" else 0.5 + seed / 10
+                    metrics.update({f"probe/moe_jaccard/cores.0.{c}/iter1/iter2": jaccard for c in (0, 1)})
+                    metrics["probe/moe_jaccard/loop_mean"] = jaccard
+                for call in calls:
+                    metrics[f"probe/moe_load_cv/{call}"] = 0.1
+                    metrics[f"probe/moe_entropy/{call}"] = 2.0
+            _log(client, experiment_id, tags, params, metrics, name=f"{preset}-{scheme}-s{seed}")
+    out = root / "out"
+    assert main(["moe", "--tracking-uri", uri, "--out", str(out)]) == 0
+    return out
+
+
+def test_tables_show_total_and_active_parameters_of_moe_rows_in_their_own_blocks(moe_results):
+    table = pd.read_csv(moe_results / "table.csv")
+    assert sorted(set(table.block)) == ["tiny, compute depth 6", "tiny-moe, compute depth 6"]
+    for preset, scheme, layout, _ in MOE_ROWS:
+        (row,) = table[(table.preset == preset) & (table.scheme == scheme)].itertuples()
+        moe = preset == "tiny-moe"
+        assert row.params_non_embedding == (MOE_NON_EMB[(preset, layout)] if moe else MOE_NON_EMB[preset])
+        # a dense row's every parameter is active
+        assert row.params_active_non_embedding == (MOE_ACTIVE[(preset, layout)] if moe else MOE_NON_EMB[preset])
+    markdown = (moe_results / "table.md").read_text()
+    assert "| non-emb params | active non-emb params |" in markdown and "600,192 | 202,368 |" in markdown
+    assert "what one token applies" in markdown
+    probes = (moe_results / "probes.md").read_text()
+    assert "expert load CV" in probes and "Jaccard t,t+1" in probes and "Jaccard chance" in probes
+    assert "ΔJaccard vs base (95% CI)" in probes
+    figure = next(moe_results.rglob("probe_compare_routing.png"))
+    assert figure.parent.name == "tiny-moe_compute_depth_6" and figure.stat().st_size > 1024
+    # The paper's ordering claims are tested in the MoE block as in any other.
+    claims = (moe_results / "claims.md").read_text()
+    verdict = "| `mesh_below_base` | tiny-moe, compute depth 6 | `mesh 1+2R2+1` vs `base 1+2R2+1` | `val/pile/ppl` |"
+    assert f"{verdict} agrees, not significant |" in claims
+
+
+def test_the_routing_figure_draws_each_moe_row_in_its_schemes_colour_in_the_order_calls_run():
+    from matplotlib.colors import to_hex
+
+    from mesh_model.probe_plots import routing_comparison_figure, scheme_color
+    from results.aggregate import Row
+    from results.plots import routing_series
+
+    def row(scheme: str, layout: str, calls: list[str], jaccard: float | None) -> Row:
+        stats = {f"probe/moe_entropy/{c}": Stat((float(i), float(i) + 0.2), ("0", "1")) for i, c in enumerate(calls)}
+        stats["probe/moe_entropy/mean"] = Stat((9.0, 9.0), ("0", "1"))  # a summary, not a call
+        if jaccard is not None:
+            stats["probe/moe_jaccard/cores.0.0/iter1/iter2"] = Stat((jaccard, jaccard), ("0", "1"))
+        return Row("tiny-moe", scheme, layout, "", "", [f"{scheme}-0", f"{scheme}-1"], ["0", "1"], stats)
+
+    looped = ["coda.0", "cores.0.1/iter2", "cores.0.0/iter2", "cores.0.1/iter1", "cores.0.0/iter1", "prelude.0"]
+    rows = [row("vanilla", "6", [f"prelude.{i}" for i in range(6)], None), row("mesh", "1+2R2+1", looped, 0.4)]
+    series = {r.label: routing_series(r) for r in rows}
+    assert set(series["vanilla 6"]) == {"entropy"} and set(series["mesh 1+2R2+1"]) == {"entropy", "jaccard"}
+    fig = routing_comparison_figure(series, {r.label: r.scheme for r in rows}, chance=5 / 28)
+    entropy, jaccard = fig.axes
+    lines = {container.get_label(): container.lines[0] for container in entropy.containers}  # errorbar: data line
+    assert {label: to_hex(line.get_color()) for label, line in lines.items()} == {
+        "vanilla 6": scheme_color("vanilla"),
+        "mesh 1+2R2+1": scheme_color("mesh"),
+    }
+    # mesh's calls in the order they run: prelude.0, cores iteration 1, cores iteration 2, coda.0
+    order = ["prelude.0", "cores.0.0/iter1", "cores.0.1/iter1", "cores.0.0/iter2", "cores.0.1/iter2", "coda.0"]
+    assert list(lines["mesh 1+2R2+1"].get_ydata()) == pytest.approx([looped.index(c) + 0.1 for c in order])
+    (bar,) = jaccard.patches
+    assert to_hex(bar.get_facecolor()) == scheme_color("mesh") and bar.get_height() == pytest.approx(0.4)

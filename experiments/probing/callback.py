@@ -12,6 +12,11 @@ the four figures of :func:`mesh_model.probe_plots.plot_report` (update bars, RBF
 heatmaps, spectra) as PNG and SVG, and ``probes.json`` (:func:`report_to_dict`;
 :func:`load_report` reads it back). ``report.as_metrics()`` goes to the logger at the global
 step. The probe at the end of training is also copied to ``probes/final/``.
+
+A mixture-of-experts run is also probed for its routing on the same batches
+(:mod:`experiments.probing.routing`: expert load, router entropy and the Jaccard overlap of the
+chosen experts per loop iteration, metrics ``probe/moe_*``), drawn as ``probe_routing`` and kept
+in ``probes.json``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from experiments.config import ProbeConfig
 from experiments.data.config import DataConfig
 from experiments.data.datamodule import TokenWindows
 from experiments.data.prepare import PreparedData
-from experiments.probing.files import PROBE_DIR, write_probe_files
+from experiments.probing.files import PROBE_DIR, probe_metrics, write_probe_files
+from experiments.probing.routing import routing_report
 from mesh_model.probes import probe_report
 
 
@@ -123,9 +129,10 @@ class ProbeCallback(pl.Callback):
             self._batches = held_out_batches(data, trainer.datamodule.data, self.num_batches, seq_len)
         model = getattr(pl_module, "model", pl_module)  # MeshLitModule keeps the MeshTransformer here
         report = probe_report(model, self._batches, window=data.seq_len)
-        write_probe_files(report, folder, step=step, batches=describe_batches(data, self._batches))
+        routing = routing_report(model, self._batches, window=data.seq_len)  # None for a dense model
+        write_probe_files(report, folder, routing, step=step, batches=describe_batches(data, self._batches))
         if trainer.logger is not None:
-            trainer.logger.log_metrics(report.as_metrics(), step=step)
+            trainer.logger.log_metrics(probe_metrics(report, routing), step=step)
         self._log_artifacts(trainer, folder, f"{PROBE_DIR}/step{step}")
 
     @staticmethod

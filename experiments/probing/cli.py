@@ -5,8 +5,9 @@ rebuilds the held-out batches from the run's ``config.yaml`` (the same batches t
 :class:`~experiments.probing.callback.ProbeCallback` used, unless ``--batches`` or ``--seq-len`` asks
 for another count or sample length),
 writes the figures and ``probes.json`` to ``--out`` (default ``<run_dir>/probes/cli/``) and prints
-a compact table. ``--mlflow-run auto`` (the run's own id from ``mlflow_run_id``) or ``--mlflow-run
-RUN_ID`` also logs the metrics at the checkpoint's step and the files under ``probes/cli/``.
+a compact table (for a mixture-of-experts run, its routing per router call too). ``--mlflow-run
+auto`` (the run's own id from ``mlflow_run_id``) or ``--mlflow-run RUN_ID`` also logs the metrics
+at the checkpoint's step and the files under ``probes/cli/``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,23 @@ def format_table(report: Any) -> str:
     lines.append(f"{'stage':<12}{'eff. rank':>10}")
     lines += [f"{stage:<12}{rank:>10.2f}" for stage, rank in report.effective_ranks.items()]
     return "\n".join(lines)
+
+
+def format_routing(routing: Any) -> str:
+    """A MoE run's routing per router call: expert load CV, max and min load (x E), router entropy
+    and the Jaccard overlap with the block's next iteration."""
+    from experiments.probing.routing import load_stats
+    from mesh_model.probe_plots import call_order, router_calls
+
+    rows = []
+    for block, r in routing.blocks.items():
+        stats = load_stats(r.load)
+        for t, name in enumerate(router_calls(block, len(r.entropy))):
+            jaccard = f"{r.jaccard[t].item():>9.3f}" if t < len(r.jaccard) else ""
+            values = (stats["cv"][t], stats["max"][t], stats["min"][t], r.entropy[t])
+            rows.append((name, f"{name:<20}" + "".join(f"{v.item():>9.3f}" for v in values) + jaccard))
+    header = f"{'router call':<20}{'load CV':>9}{'max xE':>9}{'min xE':>9}{'entropy':>9}{'J t,t+1':>9}"
+    return "\n".join([header, *(line for _, line in sorted(rows, key=lambda row: call_order(row[0])))])
 
 
 def log_to_mlflow(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int, folder: Path) -> None:
@@ -105,7 +123,8 @@ def run(args: argparse.Namespace) -> None:
     from experiments.data.config import as_data_config
     from experiments.data.prepare import prepare
     from experiments.probing.callback import describe_batches, held_out_batches
-    from experiments.probing.files import PROBE_DIR, write_probe_files
+    from experiments.probing.files import PROBE_DIR, probe_metrics, write_probe_files
+    from experiments.probing.routing import routing_report
     from mesh_model.probes import probe_report
 
     probes = config.get("probes") or {}  # runs from before the probes config: the defaults
@@ -118,18 +137,21 @@ def run(args: argparse.Namespace) -> None:
         raise RunInputError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     model, step = load_model(checkpoint)
     report = probe_report(model, batches, window=data.seq_len)
+    routing = routing_report(model, batches, window=data.seq_len)  # None for a dense model
     out = Path(args.out) if args.out else run_dir / PROBE_DIR / CLI_DIR
     paths = write_probe_files(
-        report, out, step=step, checkpoint=str(checkpoint), batches=describe_batches(data, batches)
+        report, out, routing, step=step, checkpoint=str(checkpoint), batches=describe_batches(data, batches)
     )
     print(
         f"{run_dir.name}  step {step}  {report.samples} samples of {seq_len} tokens ({len(batches)} batches, "
         f"read in windows of {data.seq_len})"
     )
     print(format_table(report))
+    if routing is not None:
+        print(format_routing(routing))
     print(f"wrote {len(paths)} files to {out}")
     if run_id is not None and uri is not None:
-        log_to_mlflow(uri, run_id, report.as_metrics(), step, out)
+        log_to_mlflow(uri, run_id, probe_metrics(report, routing), step, out)
         print(f"logged to MLflow run {run_id} ({uri}) at step {step}, artifacts under probes/{CLI_DIR}/")
 
 

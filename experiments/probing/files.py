@@ -1,5 +1,9 @@
 """``probes.json`` and the probe figures of one report: written by the training callback and
-``mesh-probe``, read back by ``mesh-results``. No Lightning here, so readers start fast."""
+``mesh-probe``, read back by ``mesh-results``. No Lightning here, so readers start fast.
+
+A mixture-of-experts run's report also holds its routing (:mod:`experiments.probing.routing`):
+``probes.json`` keeps it under ``routing`` (:func:`load_routing` reads it back), its metrics join
+the report's under ``metrics``, and ``probe_routing`` (PNG and SVG) is drawn beside the other figures."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mesh_model.probe_plots import plot_report
+from experiments.probing.routing import RoutingReport, chance_jaccard, routing_from_dict, routing_to_dict
+from mesh_model.probe_plots import plot_report, plot_routing
 from mesh_model.probes import ProbeReport
 
 PROBE_DIR = "probes"
@@ -31,9 +36,16 @@ def _updates(updates: dict[str, tuple[float, float]]) -> dict[str, dict[str, flo
     return {block: {"mean": mean, "std": std} for block, (mean, std) in updates.items()}
 
 
-def report_to_dict(report: ProbeReport, **extra: Any) -> dict[str, Any]:
+def probe_metrics(report: ProbeReport, routing: RoutingReport | None = None) -> dict[str, float]:
+    """What a probe logs: the report's metrics and, for a mixture-of-experts run, its routing's."""
+    return {**report.as_metrics(), **(routing.as_metrics() if routing is not None else {})}
+
+
+def report_to_dict(report: ProbeReport, routing: RoutingReport | None = None, **extra: Any) -> dict[str, Any]:
     """A JSON-ready dict of the report (NaN as null); ``extra`` keys (step, batches...) are added.
-    ``updates`` are the blocks' own updates (core: f(h) vs h), ``state_updates`` h(t-1) -> h(t)."""
+    ``updates`` are the blocks' own updates (core: f(h) vs h), ``state_updates`` h(t-1) -> h(t);
+    ``routing`` (a MoE run's, when given) the full routing report."""
+    routed = {"routing": routing_to_dict(routing)} if routing is not None else {}
     return {
         **extra,
         "format": FORMAT,
@@ -49,7 +61,8 @@ def report_to_dict(report: ProbeReport, **extra: Any) -> dict[str, Any]:
         "cka_floors": {estimator: _finite_or_none(floor) for estimator, floor in report.cka_floors.items()},
         "spectra": {stage: [_finite_or_none(v) for v in values.tolist()] for stage, values in report.spectra.items()},
         "effective_ranks": report.effective_ranks,
-        "metrics": {key: _finite_or_none(value) for key, value in report.as_metrics().items()},
+        **routed,
+        "metrics": {key: _finite_or_none(value) for key, value in probe_metrics(report, routing).items()},
     }
 
 
@@ -97,15 +110,31 @@ def report_from_dict(data: dict[str, Any]) -> ProbeReport:
     )
 
 
+def _read(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    return json.loads((path / REPORT_FILE if path.is_dir() else path).read_text())
+
+
 def load_report(path: str | Path) -> ProbeReport:
     """Read ``probes.json`` (or the folder holding it) back into a :class:`ProbeReport`."""
-    path = Path(path)
-    return report_from_dict(json.loads((path / REPORT_FILE if path.is_dir() else path).read_text()))
+    return report_from_dict(_read(path))
 
 
-def write_probe_files(report: ProbeReport, out_dir: str | Path, **extra: Any) -> list[Path]:
-    """The figures (PNG + SVG) and ``probes.json`` of ``report`` in ``out_dir``; returns the paths."""
+def load_routing(path: str | Path) -> RoutingReport | None:
+    """The routing report of a ``probes.json`` (or the folder holding it); None for a dense run's."""
+    data = _read(path)
+    return routing_from_dict(data["routing"]) if "routing" in data else None
+
+
+def write_probe_files(
+    report: ProbeReport, out_dir: str | Path, routing: RoutingReport | None = None, **extra: Any
+) -> list[Path]:
+    """The figures (PNG + SVG) and ``probes.json`` of ``report`` (and of a MoE run's ``routing``)
+    in ``out_dir``; returns the paths."""
     out = Path(out_dir)
     paths = [path for group in plot_report(report, out).values() for path in group]
-    (out / REPORT_FILE).write_text(json.dumps(report_to_dict(report, **extra), indent=1, allow_nan=False))
+    if routing is not None:
+        paths += plot_routing(routing.blocks, out, chance=chance_jaccard(routing.experts, routing.top_k))
+    data = report_to_dict(report, routing, **extra)
+    (out / REPORT_FILE).write_text(json.dumps(data, indent=1, allow_nan=False))
     return [*paths, out / REPORT_FILE]

@@ -14,12 +14,13 @@
 #   2  base and MeSH at a three-loop tiny layout (1+1R3+1) on Shakespeare: the balance claim
 #   3  buffer_slots (B = 3..6) and skip_combos at tiny on Shakespeare
 #   4  schemes at mini on Shakespeare
+#   5  moe (vanilla, base, anchor, MeSH) at tiny-moe (8 experts, top-2) on Shakespeare: the looped MoE
 set -euo pipefail
 RUNS="${RUNS:-runs/cpu-reproduction}"
 OUT=results/cpu-reproduction
 COMMON=(seeds=3 max_steps=2500 optim.lr=2e-3 val_every=500 checkpoint_every=250 "runs_dir=$RUNS")
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(1 2 3 4 report)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(1 2 3 4 5 report)
 
 sweep() {  # a failed cell is listed by mesh-sweep and recorded as FAILED; the next grid still runs
   echo "+ mesh-sweep $*" >&2
@@ -45,6 +46,7 @@ for stage in "${STAGES[@]}"; do
       sweep skip_combos model=tiny
       ;;
     4) sweep schemes model=mini tracking.experiment=schemes_mini ;;
+    5) sweep moe model=tiny-moe ;;
     report)
       report tiny-shakespeare schemes
       report tiny-kjv schemes_kjv
@@ -52,11 +54,14 @@ for stage in "${STAGES[@]}"; do
       report buffer_slots buffer_slots
       report skip_combos skip_combos
       report mini-shakespeare schemes_mini
-      # One claims.md over every Shakespeare experiment (the verdict table of README.md).
-      report all schemes schemes_k3 buffer_slots skip_combos schemes_mini
+      # One claims.md over every Shakespeare experiment (the verdict table of README.md); the MoE
+      # grid joins it once stage 5 has runs (the reports of stages 1-4 do not wait for it).
+      all=(schemes schemes_k3 buffer_slots skip_combos schemes_mini)
+      if report tiny-moe moe; then all+=(moe); else echo "run.sh: no moe report (has stage 5 run?)" >&2; fi
+      report all "${all[@]}"
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use 1, 2, 3, 4 or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use 1, 2, 3, 4, 5 or report" >&2
       exit 2
       ;;
   esac
