@@ -383,7 +383,12 @@ def render_report(
                 f"`{label}` seed {seed}" for label, seed in probe_seeds.items() if label in _labels(results, block)
             )
             lines += ["", f"### Probe figures: {markdown_escape(block)}", "", f"One run per row ({drawn}).", ""]
-            for kind, alt in (("updates", "update magnitude"), ("cka_rbf", "CKA (RBF)"), ("spectra", "spectra")):
+            for kind, alt in (
+                ("updates", "update magnitude"),
+                ("cka_rbf", "CKA (RBF)"),
+                ("spectra", "spectra"),
+                ("routing", "MoE routing per loop iteration"),
+            ):
                 if kind in paths:
                     lines += [_image(paths[kind], out, alt), ""]
             if "cka_linear" in paths:

@@ -511,6 +511,8 @@ def test_tables_show_total_and_active_parameters_of_moe_rows_in_their_own_blocks
     assert "ΔJaccard vs base (95% CI)" in probes
     figure = next(moe_results.rglob("probe_compare_routing.png"))
     assert figure.parent.name == "tiny-moe_compute_depth_6" and figure.stat().st_size > 1024
+    report = (moe_results / "report.md").read_text()
+    assert f"]({figure.relative_to(moe_results).as_posix()})" in report  # the report shows it
     # The paper's ordering claims are tested in the MoE block as in any other.
     claims = (moe_results / "claims.md").read_text()
     verdict = "| `mesh_below_base` | tiny-moe, compute depth 6 | `mesh 1+2R2+1` vs `base 1+2R2+1` | `val/pile/ppl` |"
