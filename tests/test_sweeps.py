@@ -170,7 +170,9 @@ def test_slurm_launcher_composes_with_its_resources(tmp_path, monkeypatch):
 
 
 def test_slurm_launcher_without_slurm_says_so_in_one_line(capsys, tmp_path, monkeypatch, fast):
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    empty = tmp_path / "bin"  # a PATH with no SLURM on it, also on a machine that has SLURM in /usr/bin
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
     args = ["schemes", "scheme=base", *fast, f"runs_dir={tmp_path}", "launcher=slurm"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
