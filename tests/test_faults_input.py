@@ -188,10 +188,13 @@ def test_mesh_eval_refuses_bad_settings_before_loading_anything(tmp_path, args, 
 
 
 def test_mesh_eval_refuses_more_shots_than_a_local_task_has(tiny_run, tmp_path):
+    # tiny_run is shared: another test may have evaluated it already; this refusal writes nothing.
+    before = sorted((tiny_run.run_dir / "eval").rglob("*")) if (tiny_run.run_dir / "eval").exists() else None
     done, elapsed = cli("mesh-eval", str(tiny_run.run_dir), "--tasks", "local", "--shots", "11", tmp=tmp_path)
     line = assert_refused(done, elapsed, "--shots=11 is invalid for task mesh_", tmp_path, tmp_path / "runs")
     assert "has 10 examples" in line
-    assert not (tiny_run.run_dir / "eval").exists()
+    after = sorted((tiny_run.run_dir / "eval").rglob("*")) if (tiny_run.run_dir / "eval").exists() else None
+    assert after == before
 
 
 def test_mesh_probe_refuses_an_unknown_mlflow_run_before_probing(tiny_run, tmp_path):
