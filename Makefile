@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data demo check params test test-gpu lint format clean
+.PHONY: setup data demo check params test test-gpu lint format clean slurm slurm-stop slurm-status
 
 setup: $(STAMP)
 
@@ -52,6 +52,19 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# A one-node SLURM cluster on this machine for launcher=slurm and its tests (tests/test_slurm_cluster.py):
+# as root on Debian, installs slurmctld, slurmd, slurmdbd, munge and mariadb-server if missing and starts
+# them from slurm/*.conf.in (partition `local`, node `localhost`, accounting so that sacct answers);
+# a quick no-op when it is up. slurm-stop cancels its jobs and stops it; slurm/README.md says more.
+slurm:
+	bash slurm/cluster.sh up
+
+slurm-stop:
+	bash slurm/cluster.sh down
+
+slurm-status:
+	bash slurm/cluster.sh status
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

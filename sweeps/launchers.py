@@ -18,6 +18,7 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -383,10 +384,54 @@ def _stop(running: list[_Worker], pool: list[_Worker]) -> Iterator[CellOutcome]:
 
 class CellJob(submitit.helpers.Checkpointable):
     """A submitit job running one cell. Inherits ``checkpoint()``: on preemption or timeout,
-    submitit requeues the same call, and ``train`` resumes the cell's checkpoint and MLflow run."""
+    submitit requeues the same call, and ``train`` resumes the cell's checkpoint and MLflow run.
+
+    In a SLURM job a cell that was stopped returns nothing: a result would end the job for the
+    sweep while SLURM runs it again. USR2 (SLURM's warning before the time limit, or before a
+    preemption) first stops training as SIGTERM does, at the end of the step with ``last.ckpt``
+    saved (:func:`_usr2_stops_training_first`); then submitit's handler requeues the job. A stop
+    SLURM made itself (``scontrol requeue``, ``scancel``, the time limit) propagates: the job is
+    requeued, or its state (CANCELLED, TIMEOUT) is what the sweep reports."""
 
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
-        return run_cell_reporting_stops(cell, threads)
+        if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+            return run_cell_reporting_stops(cell, threads)
+        with _usr2_stops_training_first() as requeue:
+            try:
+                return run_cell(cell, threads)
+            except (KeyboardInterrupt, SystemExit):
+                requeue()  # after USR2: submitit dumps checkpoint(), runs scontrol requeue and exits
+                raise
+
+
+@contextlib.contextmanager
+def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
+    """Inside a SLURM job: USR2 sends this process SIGTERM, which Lightning turns into a stop at
+    the end of the step (``last.ckpt`` saved, the MLflow run KILLED with tag ``terminated``).
+    Yields the call that then hands USR2 to submitit's handler (checkpoint, requeue, exit); it
+    does nothing when no USR2 came. Before training has started (SIGTERM still submitit's) there
+    is nothing to save: USR2 goes to submitit at once."""
+    usr2 = submitit.JobEnvironment._usr_sig()
+    submitits = signal.getsignal(usr2)
+    sigterm_before = signal.getsignal(signal.SIGTERM)
+    caught: list[int] = []
+
+    def hand_over() -> None:  # once: submitit's handler exits, and that exit passes through here again
+        if caught and callable(submitits):
+            submitits(caught.pop(), None)
+
+    def stop_training(signum: int, frame: Any) -> None:
+        caught.append(signum)
+        if signal.getsignal(signal.SIGTERM) is sigterm_before:  # not training (yet, or any more)
+            hand_over()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(usr2, stop_training)
+    try:
+        yield hand_over
+    finally:
+        signal.signal(usr2, submitits)
 
 
 def _job_outcome(job: Any, cell: Cell) -> CellOutcome:
@@ -480,15 +525,21 @@ class SlurmLauncher(Launcher):
     account: str | None = None
     qos: str | None = None
     max_parallel: int = 64  # SLURM array parallelism
+    max_requeues: int = 3  # times a cell's job is requeued at its time limit before the cell fails
     setup: list[str] = field(default_factory=list)  # shell lines run before each SLURM job
     additional_parameters: dict[str, str] = field(default_factory=dict)  # any other #SBATCH flag
 
     def validate(self) -> None:
         if self.max_parallel < 1:
             raise ConfigError("launcher.max_parallel", self.max_parallel, "must be >= 1")
+        if self.max_requeues < 0:
+            raise ConfigError("launcher.max_requeues", self.max_requeues, "must be >= 0")
 
     def check(self, folder: Path, resources: ResourcesConfig) -> None:
         self.executor(folder, resources)
+        known = slurm_partitions()
+        if self.partition is not None and known and self.partition not in known:
+            raise ConfigError("launcher.partition", self.partition, f"partitions here: {', '.join(known)}")
 
     @property
     def concurrency(self) -> int:
@@ -505,7 +556,7 @@ class SlurmLauncher(Launcher):
                 "launcher=slurm needs SLURM (no srun on PATH): run mesh-sweep on a cluster login node, "
                 "or try the same code path here with launcher=submitit_local"
             )
-        executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=self.max_requeues)
         slurm = {
             "mem_gb": resources.mem_gb,
             "slurm_partition": self.partition,
@@ -514,6 +565,9 @@ class SlurmLauncher(Launcher):
             "slurm_setup": list(self.setup),
             "slurm_additional_parameters": dict(self.additional_parameters),
             "slurm_array_parallelism": self.max_parallel,
+            # USR2 a tenth of the time limit before it, at most submitit's 90 s; SLURM checks
+            # limits every 30 s and sends it up to 30 s earlier still, never later.
+            "slurm_signal_delay_s": min(90, resources.time_min * 6),
         }
         params = {**_submitit_parameters(resources), **slurm}
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
@@ -530,6 +584,15 @@ class SlurmLauncher(Launcher):
         for cell in cells:
             on_start(cell)
         yield from _collect(jobs, cells)
+
+
+def slurm_partitions() -> list[str]:
+    """The partitions ``sinfo`` lists here; empty when it does not answer."""
+    try:
+        found = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(set(found.stdout.split()))
 
 
 # The options of sweeps/conf/launcher/ and the class that types each one.

@@ -1,0 +1,276 @@
+"""``launcher=slurm`` on a real one-node SLURM cluster (``make slurm``), through the real CLI,
+the real store and the signals SLURM sends.
+
+* a 2x2 grid is one job array: four cells FINISHED, one parent run and four child runs, each job
+  with the partition, time limit, CPUs and memory asked for;
+* preemption: USR2 (what SLURM sends before a time limit or a preemption) or ``scontrol requeue``
+  while a cell trains requeues its job, which resumes ``last.ckpt`` into the same MLflow run with
+  no step logged twice;
+* a cell with a 1-minute limit and more work than fits is requeued until it finishes;
+* a job cancelled outright fails its cell alone, mesh-sweep exits 1, and running the same command
+  again submits that cell alone;
+* an unknown partition is refused in one line, naming the partitions, before anything is submitted.
+
+Where no cluster answers and none can be started (not root, SLURM not installed) every test here
+skips with one line naming ``make slurm``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from slurm_cluster import allocations, ensure_cluster, job_ids, partitions, unavailable
+from test_faults_grid import wait_for
+
+if (reason := unavailable()) is not None:
+    pytest.skip(reason, allow_module_level=True)
+
+BIN = Path(sys.executable).parent
+# Two cells share the 2-core node; a job asks for 2 GB (RealMemory leaves room for 10 of them).
+SLURM = ["launcher=slurm", "resources.cpus_per_task=1", "resources.mem_gb=2"]
+SWEEP_TIMEOUT_S = 600  # a requeued job waits ~15 s (KillWait, cred_expire), then pays the imports again
+
+
+@pytest.fixture(scope="module")
+def cluster() -> list[str]:
+    """The local cluster's partitions, once it answers (started here by ``make slurm`` if need be)."""
+    ensure_cluster()
+    return partitions()
+
+
+@pytest.fixture
+def cell(grid_cell_overrides):
+    """A grid cell (conftest's GRID_CELL, no probes) of ``steps`` steps that logs every step (so a
+    step logged twice would show) and checkpoints every 10: long enough to be signalled while
+    it trains."""
+
+    def overrides(steps: int) -> list[str]:
+        changes = {
+            "probes.enabled": "false",
+            "max_steps": steps,
+            "val_every": 50,
+            "log_every": 1,
+            "checkpoint_every": 10,
+        }
+        kept = [o for o in grid_cell_overrides() if o.split("=", 1)[0] not in changes]
+        return [*kept, *(f"{key}={value}" for key, value in changes.items())]
+
+    return overrides
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["OMP_NUM_THREADS"] = "1"  # the jobs inherit it (sbatch exports the environment)
+    return env
+
+
+def start_sweep(args: list[str], cwd: Path, name: str = "sweep") -> subprocess.Popen:
+    """``mesh-sweep`` in the background, its output in ``cwd/<name>.out`` and ``.err``."""
+    with (cwd / f"{name}.out").open("w") as out, (cwd / f"{name}.err").open("w") as err:
+        return subprocess.Popen([str(BIN / "mesh-sweep"), *args], cwd=cwd, env=environment(), stdout=out, stderr=err)
+
+
+def finish(process: subprocess.Popen, cwd: Path, name: str = "sweep") -> tuple[int, str, str]:
+    """Wait for the sweep; (exit code, stdout, stderr). stderr holds no submitit warning: job
+    states come from sacct, which answers."""
+    try:
+        code = process.wait(timeout=SWEEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    out, err = ((cwd / f"{name}{suffix}").read_text() for suffix in (".out", ".err"))
+    assert "Bypassing" not in err, err
+    return code, out, err
+
+
+def submitit_folder(runs: Path) -> Path:
+    """``<runs_dir>/<experiment>/sweeps/<key>/submitit`` (sweeps/sweep.py ``sweep_dir_for``)."""
+    (folder,) = runs.glob("schemes/sweeps/*/submitit")
+    return folder
+
+
+def checkpointed(runs: Path, scheme: str) -> bool:
+    """The cell of ``scheme`` has saved a checkpoint: it trains, and is far from done."""
+    return any(runs.glob(f"schemes/*-{scheme}-*/checkpoints/step*.ckpt"))
+
+
+def summary(runs: Path) -> dict[str, dict]:
+    (path,) = runs.glob("schemes/sweeps/*/summary.json")
+    return {o["label"]: o for o in json.loads(path.read_text())}
+
+
+def store(runs: Path):
+    """(client, parent runs, cell runs) of the sweep's experiment."""
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    found = client.search_runs([client.get_experiment_by_name("schemes").experiment_id])
+    parents = [r for r in found if r.data.tags.get("kind") == "sweep"]
+    return client, parents, [r for r in found if r.data.tags.get("kind") != "sweep"]
+
+
+def assert_resumed(runs: Path, scheme: str, job: str, steps: int) -> None:
+    """The cell of ``scheme`` ran in more than one allocation of ``job`` (each but the last
+    requeued), the later one resumed ``last.ckpt``, and the cell is one FINISHED MLflow run whose
+    ``train/loss`` holds every step once, in order."""
+    outcome = summary(runs)[f"scheme={scheme}"]  # the sweep waited for the last allocation
+    assert outcome["status"] == "FINISHED", outcome
+    states = [row["State"] for row in allocations(job)]
+    assert len(states) >= 2 and set(states[:-1]) == {"REQUEUED"} and states[-1] == "COMPLETED", states
+    log = (submitit_folder(runs) / f"{job}_0_log.err").read_text()
+    assert "[mesh-train] resuming from" in log and "last.ckpt" in log, log[-3000:]
+    client, parents, cells = store(runs)
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    (run,) = [r for r in cells if r.data.params["scheme"] == scheme]  # one run, however many allocations
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    assert not {"terminated", "interrupted", "error"} & set(run.data.tags)  # a resume clears the stop tags
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert logged == list(range(steps)), logged  # none twice, none lost
+    assert outcome["run_id"] == run.info.run_id
+
+
+@pytest.mark.slow
+def test_a_2x2_grid_is_one_job_array_with_the_resources_asked(cluster, tmp_path, grid_cell_overrides):
+    runs = tmp_path / "runs"
+    asked = [*SLURM, f"launcher.partition={cluster[0]}", "resources.time_min=7"]
+    args = ["schemes", "scheme=base,mesh", "seeds=2", *asked, *grid_cell_overrides("probes.enabled=false")]
+    code, out, err = finish(start_sweep([*args, f"runs_dir={runs}"], tmp_path), tmp_path)
+    assert code == 0, out + err
+
+    jobs = job_ids(submitit_folder(runs))
+    array = jobs[0].split("_")[0]
+    assert jobs == [f"{array}_{task}" for task in range(4)]  # one array, one task per cell
+    rows = allocations(array)
+    assert sorted(row["JobID"] for row in rows) == jobs
+    for row in rows:
+        assert row["State"] == "COMPLETED" and row["Partition"] == cluster[0], row
+        assert (row["Timelimit"], row["ReqCPUS"], row["ReqMem"]) == ("00:07:00", "1", "2G"), row
+
+    assert sorted(o["status"] for o in summary(runs).values()) == ["FINISHED"] * 4
+    client, parents, cells = store(runs)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert sorted(f"{r.data.params['scheme']} {r.data.params['seed']}" for r in cells) == [
+        "base 0",
+        "base 1",
+        "mesh 0",
+        "mesh 1",
+    ]
+    for run in cells:
+        assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val/shakespeare/loss")] == [3, 6]
+
+
+PREEMPT_STEPS = 300
+
+
+@pytest.mark.slow
+def test_preempted_cells_are_requeued_and_resume_their_runs(cluster, tmp_path, cell):
+    """One task of the array gets USR2 (what SLURM sends before a preemption or the time limit:
+    submitit requeues the job), the other ``scontrol requeue`` (SLURM requeues it: SIGTERM, then
+    pending again)."""
+    runs = tmp_path / "runs"
+    process = start_sweep(["schemes", "scheme=base,mesh", *SLURM, *cell(PREEMPT_STEPS), f"runs_dir={runs}"], tmp_path)
+    wait_for(lambda: checkpointed(runs, "base"), 300, process, "the base cell to checkpoint")
+    usr2, requeue = job_ids(submitit_folder(runs))  # the array's tasks, in grid order: base, mesh
+    subprocess.run(["scancel", "--signal=USR2", usr2], check=True, timeout=30)
+    wait_for(lambda: checkpointed(runs, "mesh"), 300, process, "the mesh cell to checkpoint")
+    subprocess.run(["scontrol", "requeue", requeue], check=True, timeout=30)
+    code, out, err = finish(process, tmp_path)
+    assert code == 0, out + err
+    assert_resumed(runs, "base", usr2, PREEMPT_STEPS)
+    assert_resumed(runs, "mesh", requeue, PREEMPT_STEPS)
+
+
+def seconds_per_step(cell, tmp_path: Path) -> float:
+    """What a training step of ``cell`` costs on this machine now, with one torch thread as in a
+    job: a 60-step run in this process, validation, logging and checkpoints included."""
+    import torch
+
+    from experiments.compose import compose_config
+    from experiments.train import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = train(compose_config([*cell(60), f"runs_dir={tmp_path / 'calibration'}"]))
+    finally:
+        torch.set_num_threads(threads)
+    timing = result["timing"]
+    return (timing["steps_s"] + timing["between_steps_s"] + timing["validation_s"]) / result["steps"]
+
+
+@pytest.mark.slow
+def test_a_cell_past_its_time_limit_is_requeued_and_finishes_later(cluster, tmp_path, cell):
+    """75 s of training with a 1-minute limit cannot fit in one allocation: the imports come first,
+    and SLURM sends USR2 before the limit (at most ~50 s in; 75 s leaves room for a job that runs
+    faster than this process measured). Each allocation trains until USR2, saves ``last.ckpt`` and
+    is requeued, until one finishes."""
+    runs = tmp_path / "runs"
+    steps = math.ceil(75 / seconds_per_step(cell, tmp_path))
+    limit = ["resources.time_min=1", "launcher.max_requeues=10"]
+    code, out, err = finish(
+        start_sweep(["schemes", "scheme=base", *SLURM, *limit, *cell(steps), f"runs_dir={runs}"], tmp_path), tmp_path
+    )
+    assert code == 0, out + err
+    (job,) = job_ids(submitit_folder(runs))
+    assert {row["Timelimit"] for row in allocations(job)} == {"00:01:00"}
+    assert "this job is timed-out" in (submitit_folder(runs) / f"{job}_0_log.err").read_text()  # SLURM's USR2
+    assert_resumed(runs, "base", job, steps)
+
+
+CANCELLED_STEPS = 60
+
+
+@pytest.mark.slow
+def test_a_cancelled_job_fails_its_cell_alone_and_a_rerun_resubmits_it(cluster, tmp_path, cell):
+    runs = tmp_path / "runs"
+    args = ["schemes", "scheme=base,mesh", *SLURM, *cell(CANCELLED_STEPS), f"runs_dir={runs}"]
+    process = start_sweep(args, tmp_path)
+    wait_for(lambda: checkpointed(runs, "mesh"), 300, process, "the mesh cell to checkpoint step 10")
+    first = job_ids(submitit_folder(runs))
+    array = first[0].split("_")[0]
+    assert first == [f"{array}_0", f"{array}_1"]
+    subprocess.run(["scancel", f"{array}_1"], check=True, timeout=30)  # the mesh cell, the grid's second
+    code, out, err = finish(process, tmp_path)
+    assert code == 1, out + err
+
+    outcomes = summary(runs)
+    assert outcomes["scheme=base"]["status"] == "FINISHED"
+    cancelled = outcomes["scheme=mesh"]
+    assert cancelled["status"] == "FAILED" and "CANCELLED" in cancelled["error"], cancelled
+    client, parents, cells = store(runs)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    by_scheme = {r.data.params["scheme"]: r for r in cells}
+    assert by_scheme["base"].info.status == "FINISHED"
+    killed = by_scheme["mesh"]
+    assert killed.info.status in ("FAILED", "KILLED") and killed.info.run_id == cancelled["run_id"]
+    reason = killed.data.tags.get("terminated") or killed.data.tags.get("error")
+    assert reason, killed.data.tags  # why it stopped, in the run itself
+
+    code, out, err = finish(start_sweep(args, tmp_path, "again"), tmp_path, "again")
+    assert code == 0, out + err
+    (resubmitted,) = [job for job in job_ids(submitit_folder(runs)) if job not in first]  # a lone job, no array
+    assert [row["State"] for row in allocations(resubmitted)] == ["COMPLETED"]
+    client, parents, cells = store(runs)
+    assert [p.info.status for p in parents] == ["FINISHED"]  # the same parent, closed by the re-run
+    by_scheme = {r.data.params["scheme"]: r for r in cells}
+    assert sorted(by_scheme) == ["base", "mesh"] and by_scheme["mesh"].info.run_id == cancelled["run_id"]
+    assert all(r.info.status == "FINISHED" for r in cells)
+
+
+def test_an_unknown_partition_is_refused_in_one_line_before_anything_is_submitted(cluster, tmp_path, cell):
+    runs = tmp_path / "runs"
+    args = ["schemes", "scheme=base", *SLURM, "launcher.partition=nope", *cell(6), f"runs_dir={runs}"]
+    result = subprocess.run(
+        [str(BIN / "mesh-sweep"), *args], cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    err = result.stderr
+    assert err.count("\n") == 1 and err.startswith("error: launcher.partition='nope' is invalid"), err
+    assert all(name in err for name in cluster), err  # the partitions there are
+    assert not list(runs.rglob("mlflow.db")) and not list(runs.rglob("*_submitted.pkl"))
