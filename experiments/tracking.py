@@ -256,14 +256,21 @@ def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None
     return f"{script_command('mlflow')} ui --backend-store-uri {tracking_uri}, then open {LOCAL_UI}/{page}"
 
 
+def fit_tag_value(text: str, cut_line: str) -> str:
+    """``text`` when it fits MLflow's tag limit; else cut at the last line end that leaves room for
+    ``cut_line`` (a last line saying where the rest is), which is appended after a blank line."""
+    if len(text) <= TAG_VALUE_LIMIT:
+        return text
+    tail = f"\n\n{cut_line}"
+    kept = text[: TAG_VALUE_LIMIT - len(tail)]
+    return kept[: kept.rfind("\n") if "\n" in kept else len(kept)] + tail
+
+
 def set_run_description(client: Any, run_id: str, markdown: str) -> None:
     """Set the run's description (its note, rendered as Markdown on the run page), replacing any.
     Text beyond MLflow's tag limit is cut at a line end, with a last line saying so."""
-    if len(markdown) > TAG_VALUE_LIMIT:
-        cut = f"\n\n*(cut at MLflow's {TAG_VALUE_LIMIT}-character limit of a run description)*"
-        kept = markdown[: TAG_VALUE_LIMIT - len(cut)]
-        markdown = kept[: kept.rfind("\n") if "\n" in kept else len(kept)] + cut
-    client.set_tag(run_id, NOTE_TAG, markdown)
+    cut_line = f"*(cut at MLflow's {TAG_VALUE_LIMIT}-character limit of a run description)*"
+    client.set_tag(run_id, NOTE_TAG, fit_tag_value(markdown, cut_line))
 
 
 def open_run(

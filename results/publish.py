@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.tracking import TAG_VALUE_LIMIT as NOTE_LIMIT
-from experiments.tracking import set_run_description
+from experiments.tracking import fit_tag_value, set_run_description
 
 ARTIFACT_DIR = "report"
 PARENT_KIND = "sweep"  # the tag ``kind`` of a sweep's parent run (sweeps/sweep.py)
@@ -50,11 +50,7 @@ def report_note(label: str, table_md: str, claims_md: str | None, when: datetime
     note = head + table + (f"\n\n### The paper's claims\n\n{claims}" if claims else "")
     if len(note) <= NOTE_LIMIT:
         return note
-    note = head + table
-    if len(note) <= NOTE_LIMIT:
-        return note
-    cut = f"\n\n*(cut to MLflow's {NOTE_LIMIT} characters: see `{ARTIFACT_DIR}/table.md`)*"
-    return note[: NOTE_LIMIT - len(cut)].rsplit("\n", 1)[0] + cut
+    return fit_tag_value(head + table, f"*(cut to MLflow's {NOTE_LIMIT} characters: see `{ARTIFACT_DIR}/table.md`)*")
 
 
 def _claims_summary(claims_md: str) -> str:
