@@ -42,11 +42,16 @@ class TrainerConfig:
     strategy: str = "auto"
     precision: str | None = None
     deterministic: bool = False
+    # Micro-batches of data.batch_size whose gradients make one optimizer step (set by
+    # ``global_batch`` when that is given). A step then sees batch_size x this x devices x nodes
+    # sequences; max_steps, val_every, log_every and checkpoint_every count optimizer steps.
+    accumulate_grad_batches: int = 1
 
     def validate(self) -> None:
         if self.accelerator not in ACCELERATORS:
             raise ConfigError("trainer.accelerator", self.accelerator, f"use one of {', '.join(ACCELERATORS)}")
         _at_least("trainer.num_nodes", self.num_nodes, 1)
+        _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
 
     @property
     def resolved_precision(self) -> str:
@@ -55,12 +60,15 @@ class TrainerConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with the paper's (Pythia's) recipe. ``lr`` null takes the preset's peak LR."""
+    """AdamW with the paper's (Pythia's) recipe. ``lr`` null takes the preset's peak LR. The LR
+    warms up linearly for ``warmup_steps`` optimizer steps (null: ``warmup_fraction`` of the run's
+    steps), then decays along a half cosine to ``min_lr_ratio`` of the peak at the last step."""
 
     lr: float | None = None
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.01
     warmup_fraction: float = 0.01
+    warmup_steps: int | None = None
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
 
@@ -71,6 +79,8 @@ class OptimConfig:
             raise ConfigError("optim.betas", list(self.betas), "two numbers in [0, 1)")
         _at_least("optim.weight_decay", self.weight_decay, 0)
         _at_least("optim.grad_clip", self.grad_clip, 0)
+        if self.warmup_steps is not None:
+            _at_least("optim.warmup_steps", self.warmup_steps, 1)
         for name in ("warmup_fraction", "min_lr_ratio"):
             value = getattr(self, name)
             if not 0 <= value <= 1:
@@ -187,7 +197,13 @@ class TrainConfig:
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
 
-    max_steps: int = 200
+    # How long the run is, in optimizer steps; null: 200, or what ``tokens`` comes to.
+    max_steps: int | None = None
+    # A token budget instead of max_steps: max_steps = ceil(tokens / tokens per step).
+    tokens: float | None = None
+    # Sequences per optimizer step over every device and node; sets trainer.accumulate_grad_batches
+    # = global_batch / (data.batch_size x devices x nodes), which must come out whole.
+    global_batch: int | None = None
     val_every: int = 50
     log_every: int = 10
     checkpoint_every: int = 50
@@ -198,10 +214,24 @@ class TrainConfig:
     allow_large: bool = False  # train even when the step's memory estimate exceeds what is available
     log_level: str | None = None  # Lightning/MLflow logging: null = warning (info under -v), info or debug
 
+    DEFAULT_MAX_STEPS: ClassVar[int] = 200
+
     def validate(self) -> None:
         """Every field of the run, its groups included; the model axes are checked by ModelConfig."""
-        for name in ("max_steps", "val_every", "log_every", "checkpoint_every"):
+        for name in ("val_every", "log_every", "checkpoint_every"):
             _at_least(name, getattr(self, name), 1)
+        if self.max_steps is not None:
+            _at_least("max_steps", self.max_steps, 1)
+        if self.tokens is not None:
+            _at_least("tokens", self.tokens, 1)
+            if self.max_steps is not None:
+                raise ConfigError(
+                    "max_steps",
+                    self.max_steps,
+                    f"tokens={self.tokens:g} sets the length already: give one (tokens=null)",
+                )
+        if self.global_batch is not None:
+            _at_least("global_batch", self.global_batch, 1)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError("seed", self.seed, f"seeds are integers from 0 to {MAX_SEED}")
         if not self.runs_dir:
@@ -212,6 +242,9 @@ class TrainConfig:
 
 # The schema of each group; the options are the YAML files of experiments/conf/<group>/.
 GROUP_SCHEMAS = {"data": DataConfig, "trainer": TrainerConfig, "optim": OptimConfig}
+# Groups whose options set keys anywhere in the config (``# @package _global_``): no schema of
+# their own, every key they set is typed by the schema it lands in.
+GLOBAL_GROUPS = ("recipe",)
 
 
 def register_configs() -> None:

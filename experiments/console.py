@@ -33,7 +33,7 @@ from mesh_model.cli_text import plain
 HERE = Path(__file__).resolve().parent
 SCHEMA_SOURCES = (HERE / "config.py", HERE / "data" / "config.py")
 CONF = HERE / "conf"
-GROUPS = ("data", "trainer", "optim")  # experiments/config.py GROUP_SCHEMAS
+GROUPS = ("data", "trainer", "optim", "recipe")  # experiments/config.py GROUP_SCHEMAS, GLOBAL_GROUPS
 ROOT_SCHEMA = "TrainConfig"
 
 LEVEL_ENV = "MESH_LOG_LEVEL"  # set by a CLI's -v; inherited by the processes it starts (sweep cells)
@@ -223,10 +223,12 @@ def _comment_block(lines: list[str], line: int) -> str:
 
 
 def group_options(group: str) -> list[tuple[str, str]]:
-    """(option, its first comment line) for every file of ``conf/<group>/``."""
+    """(option, its first comment line, Hydra's ``# @package`` line aside) for every file of
+    ``conf/<group>/``."""
     options = []
     for path in sorted((CONF / group).glob("*.yaml")):
-        first = path.read_text().partition("\n")[0]
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("# @package")]
+        first = lines[0] if lines else ""
         options.append((path.stem, plain(first.lstrip("#").strip()) if first.startswith("#") else ""))
     return options
 

@@ -39,7 +39,14 @@ RUN_INVARIANT_KEYS = (
     "log_level",  # what Lightning and MLflow print
     "log_every",
     "checkpoint_every",
+    # The budget as stated: plan_run turns them into max_steps and trainer.accumulate_grad_batches,
+    # which are hashed (a run of tokens=... is the run of the max_steps it comes to).
+    "tokens",
+    "global_batch",
 )
+# Keys added after runs were logged, at the value that computes what runs did before them: left
+# out of the hash there, so a store's runs keep their hashes (and are found finished).
+NEUTRAL_VALUES: dict[str, Any] = {"trainer.accumulate_grad_batches": 1, "optim.warmup_steps": None}
 # The model axes of the config; the hash takes the model they resolve to instead.
 MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")
 # What repeats a cell: runs that differ only in it are replicates of one row.
@@ -89,7 +96,7 @@ def _prune(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     kept = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
-        if not changes_computation(dotted):
+        if not changes_computation(dotted) or (dotted in NEUTRAL_VALUES and value == NEUTRAL_VALUES[dotted]):
             continue
         kept[key] = _prune(value, f"{dotted}.") if isinstance(value, Mapping) else value
     return kept

@@ -55,6 +55,7 @@ class MeshLitModule(pl.LightningModule):
         self._val_sums: dict[int, list[float]] = {}
         self._last_time: float | None = None
         self._tokens_since = 0
+        self._window: dict[str, list[Tensor]] = {}  # this optimizer step's micro-batch values, to log
 
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.forward_model(input_ids).logits
@@ -63,20 +64,35 @@ class MeshLitModule(pl.LightningModule):
         """The language-model loss (logged as ``train/loss``), plus, for a mixture-of-experts model,
         the router losses weighted by their coefficients (``ModelOutput.aux_loss``): what is
         backpropagated. ``train/aux_lb`` and ``train/aux_z`` log the unweighted load-balancing and
-        z-losses; a dense model logs neither."""
+        z-losses; a dense model logs neither.
+
+        With gradient accumulation (``trainer.accumulate_grad_batches``) the logged values are
+        the means over the step's micro-batches, logged once per optimizer step (Lightning scales
+        the loss by 1/accumulation itself)."""
         # The loss straight from the hidden states: the full logits are never built (mesh_model.loss).
         out = self.forward_model(batch, labels=batch, return_logits=False)
         loss = out.loss
-        self.log("train/loss", loss, prog_bar=True)
+        window = self._window.setdefault("train/loss", [])
+        window.append(loss.detach())
         if out.aux_loss is not None:
-            self.log("train/aux_lb", out.aux_lb)
-            self.log("train/aux_z", out.aux_z)
+            self._window.setdefault("train/aux_lb", []).append(out.aux_lb.detach())
+            self._window.setdefault("train/aux_z", []).append(out.aux_z.detach())
             loss = loss + out.aux_loss
-        self.log("lr", self.optimizers().param_groups[0]["lr"])
+        if (batch_idx + 1) % self._accumulation() == 0:  # the optimizer steps after this micro-batch
+            for name, values in self._window.items():
+                self.log(name, torch.stack(values).mean(), prog_bar=name == "train/loss")
+            self._window = {}
+            self.log("lr", self.optimizers().param_groups[0]["lr"])
         self._tokens_since += batch.numel()
         return loss
 
+    def _accumulation(self) -> int:
+        trainer = self._trainer
+        return trainer.accumulate_grad_batches if trainer is not None else 1
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % self._accumulation():
+            return  # measured over whole optimizer steps
         now = time.perf_counter()
         if self._last_time is None:
             self._last_time, self._tokens_since = now, 0
@@ -124,6 +140,7 @@ class MeshLitModule(pl.LightningModule):
             lr_multiplier,
             max_steps=self.max_steps,
             warmup_fraction=self.optim.warmup_fraction,
+            warmup=self.optim.warmup_steps,
             min_lr_ratio=self.optim.min_lr_ratio,
         )
         return {

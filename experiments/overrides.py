@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from experiments.compose import group_options
-from experiments.config import GROUP_SCHEMAS, TrainConfig
+from experiments.config import GLOBAL_GROUPS, GROUP_SCHEMAS, TrainConfig
 from experiments.store_check import check_runs_dir
 from mesh_model import ConfigError
 
@@ -67,7 +67,7 @@ def check_overrides(
     """Check keys against ``schema`` (default: the training run's) and group options against
     ``groups`` (default: the options of experiments/conf/<group>/)."""
     if groups is None:
-        groups = {group: group_options(group) for group in GROUP_SCHEMAS}
+        groups = {group: group_options(group) for group in (*GROUP_SCHEMAS, *GLOBAL_GROUPS)}
     for override in parse_overrides(overrides):
         key = override.key_or_group
         if override.is_add() or override.is_force_add() or key.startswith("hydra") or override.package:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.budget import StepBudget, step_budget
 from experiments.config import OptimConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
 from experiments.data.corpora import check_text_files
@@ -47,6 +48,7 @@ class RunPlan:
     config_hash: str
     run_dir: Path
     memory: MemoryEstimate  # one training step's estimate, per process
+    budget: StepBudget  # the global batch, accumulation, steps and tokens
     alone: bool = False  # on an accelerator or several processes (DDP): never packed with other runs
 
     @property
@@ -79,6 +81,15 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     except ConfigError as error:
         raise InputError(str(error)) from None
     model_config = model_config_for(config)
+    try:
+        budget = step_budget(train, known_processes(train.trainer))
+    except ConfigError as error:
+        raise InputError(str(error)) from None
+    # What the budget decided is the config from here on (and so the run's hash: a run of
+    # tokens=... is the run of the max_steps it comes to; tokens and global_batch themselves are
+    # left out of the hash, experiments/identity.py).
+    config["max_steps"] = train.max_steps = budget.max_steps
+    config["trainer"]["accumulate_grad_batches"] = train.trainer.accumulate_grad_batches = budget.accumulate
     if train.data.seq_len > model_config.max_seq_len:
         raise InputError(
             f"data.seq_len={train.data.seq_len} is invalid: the model's max_seq_len is {model_config.max_seq_len} "
@@ -109,6 +120,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         config_hash=digest,
         run_dir=run_dir_for(runs_dir / train.tracking.experiment, model_config, train.seed, digest),
         memory=memory,
+        budget=budget,
         alone=runs_on_accelerator(train.trainer)
         or _processes(train.trainer.devices, False) > 1
         or train.trainer.num_nodes > 1,
@@ -244,6 +256,19 @@ def launched_rank() -> int:
         if key in os.environ:
             return int(os.environ[key])
     return 0
+
+
+def known_processes(trainer: TrainerConfig) -> int | None:
+    """Training processes over every node, or None where ``devices`` is ``auto`` (or -1) on a GPU
+    run and no GPU is visible here (a login node) to count them."""
+    on_gpu = runs_on_accelerator(trainer)
+    devices = trainer.devices
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    named = isinstance(devices, (list, tuple)) or (isinstance(devices, int) and devices > 0)
+    if on_gpu and not named and not _cuda_available():
+        return None
+    return _processes(devices, on_gpu) * max(trainer.num_nodes, 1)
 
 
 def _processes(devices: object, on_gpu: bool) -> int:

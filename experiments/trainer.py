@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from experiments.callbacks.checkpointing import StepCheckpoint
+from experiments.callbacks.checkpointing import StepCheckpoint, StopOnStepBoundary
 from experiments.callbacks.progress import PlainProgress
 from experiments.console import is_terminal, progress_every_s, quiet_libraries
 from experiments.lit_module import MeshLitModule
@@ -47,6 +47,8 @@ def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
         from experiments.callbacks.pruning import OptunaPruning
 
         callbacks.append(OptunaPruning(search, f"val/{val_names[0]}/loss"))
+    # Last: it sees a SIGTERM that came during any other callback's end-of-batch hook.
+    callbacks.append(StopOnStepBoundary())
     return callbacks
 
 
@@ -95,7 +97,9 @@ def build_trainer(
         precision=plan.trainer.resolved_precision,
         deterministic=plan.trainer.deterministic,
         max_steps=plan.config["max_steps"],
-        val_check_interval=plan.config["val_every"],
+        accumulate_grad_batches=plan.trainer.accumulate_grad_batches,
+        # Lightning counts validation intervals in batches: val_every optimizer steps' worth.
+        val_check_interval=plan.config["val_every"] * plan.trainer.accumulate_grad_batches,
         check_val_every_n_epoch=None,
         log_every_n_steps=plan.config["log_every"],
         gradient_clip_val=plan.optim.grad_clip,

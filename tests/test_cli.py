@@ -75,7 +75,16 @@ def test_help_text_is_plain():
 
 def test_mesh_train_help_lists_the_run_groups_and_keys_not_hydras():
     out = _cli("mesh-train", "--help").stdout
-    for line in ("data=shakespeare", "trainer=gpu", "optim=adamw", "scheme=base", "buffer_slots=null", "max_steps=200"):
+    for line in (
+        "data=shakespeare",
+        "trainer=gpu",
+        "optim=adamw",
+        "scheme=base",
+        "buffer_slots=null",
+        "max_steps=null",
+        "recipe=pythia",
+        "tokens=null",
+    ):
         assert line in out
     for key in ("data.seq_len=", "trainer.accelerator=cpu", "optim.lr=null", "probes.num_batches=2", "runs_dir=runs"):
         assert key in out

@@ -67,8 +67,8 @@ class StepCheckpoint(pl.Callback):
         loop = checkpoint["loops"]["fit_loop"]
         for counter in ("total", "current"):
             loop["epoch_loop.batch_progress"][counter]["ready"] -= 1
-        val_every = trainer.val_check_batch
-        if isinstance(val_every, int) and trainer.global_step % val_every == 0:
+        val_every = trainer.val_check_batch  # in batches: optimizer steps x accumulated micro-batches
+        if isinstance(val_every, int) and trainer.global_step % (val_every // trainer.accumulate_grad_batches) == 0:
             loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -95,6 +95,29 @@ class StepCheckpoint(pl.Callback):
             for old in self.dirpath.glob("step*.ckpt"):
                 if old != path:
                     old.unlink(missing_ok=True)
+
+
+class StopOnStepBoundary(pl.Callback):
+    """With gradient accumulation, a SIGTERM that lands between two micro-batches of a step waits
+    for the step's last one: Lightning stops after whichever batch is running, and a checkpoint
+    saved part-way through a step would lose the gradients accumulated so far while its data
+    position counts them (the resumed step would see fewer micro-batches). Without accumulation
+    every batch ends a step, and this does nothing.
+
+    Lightning reads its SIGTERM flag right after ``on_train_batch_end``; the flag is held back
+    until the batch that ends the step. Put it after the other callbacks: a signal that comes
+    after its hook (in the module's own hook, a few microseconds) still stops mid-step."""
+
+    def __init__(self) -> None:
+        self._held = False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        connector = trainer._signal_connector  # Lightning's SIGTERM flag lives there
+        ends_step = not trainer.fit_loop._should_accumulate()
+        if connector.received_sigterm and not ends_step:
+            connector.received_sigterm, self._held = False, True
+        elif self._held and ends_step:
+            connector.received_sigterm, self._held = True, False
 
 
 def is_intact(path: Path) -> bool:

@@ -115,14 +115,20 @@ class TokenDataModule(LightningDataModule):
             batch_size=self.cfg.batch_size,
             seed=self.seed,
             steps_taken=self._steps_taken,
+            batches_per_step=self._accumulation(),
             num_workers=workers,
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),
         )
 
-    def _steps_taken(self) -> int:
+    def _accumulation(self) -> int:
         trainer = getattr(self, "trainer", None)
-        return trainer.global_step if trainer is not None else 0
+        return trainer.accumulate_grad_batches if trainer is not None else 1
+
+    def _steps_taken(self) -> int:
+        """Micro-batches consumed: the optimizer steps taken x the micro-batches of each."""
+        trainer = getattr(self, "trainer", None)
+        return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
 
     def val_dataloader(self) -> list[DataLoader]:
         limit = self.cfg.val_batches * self.cfg.batch_size or None

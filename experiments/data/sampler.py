@@ -3,9 +3,11 @@ position is saved in every checkpoint.
 
 Epoch ``e`` visits the windows in ``randperm(n, seed=hash(seed, e))``, so the order depends only
 on the run's seed and the epoch, never on how many processes came before. The position is the
-number of optimizer steps taken (one batch each): a checkpoint at step ``s`` resumes at epoch
-``s // batches_per_epoch``, batch ``s % batches_per_epoch``, and the resumed run sees exactly the
-batches the uninterrupted one would have seen.
+number of batches taken (optimizer steps x accumulated micro-batches): a checkpoint after ``s``
+batches resumes at epoch ``s // batches_per_epoch``, batch ``s % batches_per_epoch``, and the
+resumed run sees exactly the batches the uninterrupted one would have seen. With accumulation an
+epoch is cut to whole optimizer steps, so no step straddles two epochs (Lightning would step
+early at an epoch's end, on fewer micro-batches).
 
 Under data parallelism every rank draws the same permutation and takes every ``world``-th window
 of it, from its rank on (the Trainer runs with ``use_distributed_sampler=False``: Lightning's
@@ -26,10 +28,11 @@ STATE_VERSION = 1
 class EpochPermutation(Sampler[int]):
     """A permutation of ``range(n)`` per epoch, from ``(seed, epoch)``; it can start part-way."""
 
-    def __init__(self, n: int, seed: int, batch_size: int) -> None:
+    def __init__(self, n: int, seed: int, batch_size: int, batches_per_step: int = 1) -> None:
         self.n = n
         self.seed = seed
         self.batch_size = batch_size
+        self.batches_per_step = batches_per_step
         self.epoch = 0
         self._skip_batches = 0
 
@@ -49,13 +52,15 @@ class EpochPermutation(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         rank, world = _rank_and_world()
-        mine = self.order(self.epoch)[rank::world][: self.n // world]
+        mine = self.order(self.epoch)[rank::world][: len(self)]
         start = self._skip_batches * self.batch_size
         self._skip_batches = 0  # the next epoch starts at its beginning
         yield from mine[start:].tolist()
 
     def __len__(self) -> int:
-        return self.n // _rank_and_world()[1]
+        """This rank's samples per epoch, in whole optimizer steps."""
+        per_step = self.batch_size * self.batches_per_step
+        return self.n // _rank_and_world()[1] // per_step * per_step
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -67,14 +72,21 @@ def _rank_and_world() -> tuple[int, int]:
 class ResumableLoader(DataLoader):
     """The training DataLoader with Lightning's ``state_dict`` / ``load_state_dict`` interface.
 
-    ``steps_taken`` says how many batches training has consumed (the trainer's global step): the
-    loader itself cannot know, because Lightning fetches one batch ahead of the step it runs.
+    ``steps_taken`` says how many batches training has consumed (the trainer's global step times
+    ``batches_per_step``, the gradient accumulation): the loader itself cannot know, because
+    Lightning fetches one batch ahead of the step it runs.
     """
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, seed: int, steps_taken: Callable[[], int], **kwargs: Any
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        seed: int,
+        steps_taken: Callable[[], int],
+        batches_per_step: int = 1,
+        **kwargs: Any,
     ) -> None:
-        sampler = EpochPermutation(len(dataset), seed, batch_size)  # type: ignore[arg-type]
+        sampler = EpochPermutation(len(dataset), seed, batch_size, batches_per_step)  # type: ignore[arg-type]
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs)
         self.steps_taken = steps_taken
 
