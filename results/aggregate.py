@@ -39,6 +39,7 @@ SCHEME_ORDER = (
     "mesh",
 )
 NOT_METRICS = {*RUN_COLUMNS, "main_set"}
+ACTIVE_PARAMS = "params_active_non_embedding"  # logged by mixture-of-experts runs only
 
 
 # ---------------------------------------------------------------- statistics
@@ -109,6 +110,11 @@ class Row:
     seeds: list[str]
     stats: dict[str, Stat]
     paper: dict[str, PaperValue] = field(default_factory=dict)
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts row: its runs logged their active parameters (dense runs do not)."""
+        return ACTIVE_PARAMS in self.stats
 
     @property
     def depth(self) -> int | None:

@@ -46,13 +46,17 @@ class ClaimsError(ResultsError):
 class Selector:
     """Which rows of a block a claim compares: ``schemes`` (canonical names, or ``("same",)``: the
     claimed row's), ``layout`` (``same`` as the claimed row, or ``any``), ``buffer_slots`` (``any``,
-    ``default`` = K + 3, ``other`` than the claimed row's, or an integer)."""
+    ``default`` = K + 3, ``other`` than the claimed row's, or an integer), ``moe`` (``any``,
+    ``only``: mixture-of-experts rows, ``never``: dense rows)."""
 
     schemes: tuple[str, ...]
     layout: str = "any"
     buffer_slots: str = "any"
+    moe: str = "any"
 
     def selects(self, row: Row, claimed: Row | None = None) -> bool:
+        if self.moe != "any" and row.is_moe != (self.moe == "only"):
+            return False
         scheme = canonical_scheme(row.scheme)
         if self.schemes == ("same",):
             if claimed is None or scheme != canonical_scheme(claimed.scheme):
@@ -71,7 +75,10 @@ class Selector:
     @property
     def text(self) -> str:
         """``base row of the same layout``, ``mesh row with B = K + 3``..."""
-        parts = ["row of the same scheme" if self.schemes == ("same",) else " / ".join(self.schemes) + " row"]
+        kind = {"only": "mixture-of-experts ", "never": "dense "}.get(self.moe, "")
+        parts = [
+            f"{kind}row of the same scheme" if self.schemes == ("same",) else f"{kind}{' / '.join(self.schemes)} row"
+        ]
         if self.layout == "same":
             parts.append("of the same layout")
         if self.buffer_slots == "default":
@@ -156,7 +163,7 @@ class _Checker:
 
     def selector(self, value: Any, name: str) -> Selector:
         against = name == "against"
-        fields = {"scheme", "layout", "buffer_slots"} if against else {"scheme", "buffer_slots"}
+        fields = {"scheme", "layout", "buffer_slots"} if against else {"scheme", "buffer_slots", "moe"}
         mapping = self.keys(value, name, fields, ("scheme",))
         names = mapping["scheme"] if isinstance(mapping["scheme"], list) else [mapping["scheme"]]
         if not names:
@@ -167,7 +174,8 @@ class _Checker:
         if not (slots in allowed_slots or (isinstance(slots, int) and not isinstance(slots, bool) and slots > 0)):
             raise self.fail("buffer_slots", slots, ", ".join(allowed_slots) + " or a positive integer")
         layout = self.choice(mapping, "layout", ("same", "any"), "same") if against else "any"
-        return Selector(schemes, layout, str(slots))
+        moe = self.choice(mapping, "moe", ("any", "only", "never"), "any") if not against else "any"
+        return Selector(schemes, layout, str(slots), moe)
 
 
 def load_claims(path: str | Path | None = None) -> ClaimSet:

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh_model.probe_plots import block_order, shown_blocks
-from results.aggregate import Block, Results, Row, Stat, decimals_for, is_accuracy
+from results.aggregate import ACTIVE_PARAMS, Block, Results, Row, Stat, decimals_for, is_accuracy
 from results.stats import ALPHA, METHOD, diff_text, format_p
 
 DOWNSTREAM = (("eval/0shot/avg", "0-shot", "0shot"), ("eval/5shot/avg", "5-shot", "5shot"))
-ACTIVE_PARAMS = "params_active_non_embedding"  # logged by mixture-of-experts runs only
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from results.collect import RUN_COLUMNS, TAG_COLUMNS, add_main_set
 from results.stats import Comparison, compare, format_p
 
 COMMIT = "0123456789abcdef0123"
+ACTIVE = "params_active_non_embedding"
 # (preset, scheme, layout, B) -> {metric: value per seed 0, 1, 2}. Every PPL row ran seeds 0-2, so
 # PPL comparisons are paired.
 TINY, MINI = ("tiny", "1+2R2+1"), ("mini", "2+4R2+2")
@@ -59,6 +60,11 @@ CELLS = {
     ("mini", "mesh", *MINI[1:], "4"): {"ppl": [125.0, 127.0, 126.0]},
     ("mini", "mesh", *MINI[1:], "5"): {"ppl": [110.0, 111.0, 112.5]},
     ("mini", "mesh", *MINI[1:], "6"): {"ppl": [118.0, 119.0, 121.0]},
+    # a looped mixture of experts (its runs log their active parameters): MeSH below the looped
+    # base, above the non-looped model, as the paper's OLMoE
+    ("tiny-moe", "vanilla", "6", ""): {"ppl": [80.0, 81.0, 82.5], ACTIVE: [3e5] * 3},
+    ("tiny-moe", "base", *TINY[1:], ""): {"ppl": [95.0, 96.0, 98.0], ACTIVE: [1e5] * 3},
+    ("tiny-moe", "mesh", *TINY[1:], "5"): {"ppl": [85.0, 86.0, 87.0], ACTIVE: [1e5] * 3},
 }
 
 
@@ -149,6 +155,17 @@ def test_each_verdict_from_runs_built_for_it(written):
         ("mesh_flatter_loop_spectra", "mini", "probe/erank/loop_mean"): NOT_TESTED,
         ("buffer_k_plus_3_best", "tiny", ppl): NOT_TESTED,  # one B only
         ("buffer_k_plus_3_best", "mini", ppl): HOLDS,  # B=5 below B=3, 4 and 6, each significantly
+        # the mixture-of-experts block: the MoE claim there alone, the others where their rows are
+        ("mesh_below_base", "tiny-moe", ppl): HOLDS,
+        ("moe_mesh_short_of_vanilla", "tiny-moe", ppl): HOLDS,
+        ("mesh_below_anchor", "tiny-moe", ppl): NOT_TESTED,
+        ("mesh_below_anchor_emb", "tiny-moe", ppl): NOT_TESTED,
+        ("mesh_best_skip_combination", "tiny-moe", ppl): HOLDS,
+        ("base_worse_than_vanilla", "tiny-moe", ppl): HOLDS,
+        ("mesh_balances_core_updates", "tiny-moe", "probe/update/core_balance"): NOT_TESTED,
+        ("mesh_lowers_loop_cka", "tiny-moe", "probe/cka_rbf/loop_mean"): NOT_TESTED,
+        ("mesh_flatter_loop_spectra", "tiny-moe", "probe/erank/loop_mean"): NOT_TESTED,
+        ("buffer_k_plus_3_best", "tiny-moe", ppl): NOT_TESTED,
     }
     assert set(verdicts.values()) == set(VERDICTS)
     assert "(also shown)" in next(r["metric"] for r in _summary(text) if "debiased" in r["metric"])
@@ -228,11 +245,14 @@ def test_the_packaged_claims_file():
         "mesh_below_anchor_emb",
         "mesh_best_skip_combination",
         "base_worse_than_vanilla",
+        "moe_mesh_short_of_vanilla",
         "mesh_balances_core_updates",
         "mesh_lowers_loop_cka",
         "mesh_flatter_loop_spectra",
         "buffer_k_plus_3_best",
     ]
+    moe = claims.claims[ids.index("moe_mesh_short_of_vanilla")]
+    assert moe.row.moe == "only" and moe.expect == "higher"  # dense rows are not its rows
     cka = claims.claims[ids.index("mesh_lowers_loop_cka")]
     assert cka.metric == "probe/cka_rbf/loop_mean" and cka.also == ("probe/cka_rbf_debiased/loop_mean",)
 
@@ -261,6 +281,8 @@ claims:
             ("{scheme: mesh}", "{scheme: mesh, buffer_slots: other}"),
             "field 'buffer_slots' is 'other'; allowed: any, default",
         ),
+        (("{scheme: mesh}", "{scheme: mesh, moe: yes}"), "field 'moe' is True; allowed: any, only, never"),
+        (("{scheme: base}", "{scheme: base, moe: only}"), "field 'moe' is 'only'; allowed: one of the fields"),
         (("id: one", "id: One"), "field 'id' is 'One'; allowed: a new name of lowercase letters"),
         (("claims:", "alpha: 5.0\nclaims:"), "field 'alpha' is 5.0; allowed: a number between 0 and 1"),
         (("claims:", "claim:"), "field 'claim' is [{'id': 'one', "),
