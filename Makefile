@@ -35,7 +35,7 @@ params: setup
 # The whole suite, slow tests included (FAST=1 skips those marked slow), on every core.
 PYTEST_ARGS ?= -n auto
 test: setup data
-	$(PY) -m pytest -q $(PYTEST_ARGS) $(if $(FAST),-m "not slow")
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS) $(if $(FAST),-m "not slow")
 
 # The GPU tests (tests/gpu, left out of `make test`): the fused loss on CUDA against the chunked
 # one. Needs a CUDA build of torch (make setup TORCH=torch) and a GPU.
