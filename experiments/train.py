@@ -223,6 +223,7 @@ def _result(plan: RunPlan, trainer: Any, main_val: str, record: RunRecord | None
         "val_ppl": metrics[f"val/{main_val}/ppl"],
         "objective": metrics[f"val/{main_val}/loss"],
         "steps": trainer.global_step,
+        "world_size": trainer.world_size,  # the processes that trained it (DDP ranks)
         "run_id": record.run_id if record is not None else None,
         "run_dir": str(plan.run_dir),
     }

@@ -3,14 +3,17 @@ lives one layer up, in results/).
 
 * ``conf/``: ``sweep/<grid>.yaml`` (the grids), ``launcher/`` and ``resources/`` (how they run);
 * ``grids``: the grid catalogue; ``config``: the launch schema (launcher, resources, seeds);
-* ``grid``: a grid and the command line -> its cells;
+* ``grid``: a grid and the command line -> its cells, their plans and the grid's key;
 * ``cells``: a cell, its outcome and :func:`~sweeps.cells.run_cell`, which trains one;
 * ``launchers``: local, parallel, submitit_local and SLURM, one class each behind one interface;
+* ``jobs``: a grid's SLURM jobs (``jobs.json``), their states (squeue, sacct), scancel;
 * ``search``: Optuna searches, whose trials are cells;
 * ``parent``: the sweep's MLflow parent run (what the grid is, how far it got, its summary);
 * ``progress``: what a grid prints: a line per cell start and end with the ETA, the summary table,
   what to run next;
-* ``sweep``: ``mesh-sweep``: skipped and failed cells, Ctrl-C, the end of a grid.
+* ``sweep``: ``mesh-sweep``: skipped and failed cells, Ctrl-C, ``--detach``, the end of a grid;
+* ``status``: ``mesh-sweep --status`` and ``--cancel``: where a grid stands, settling what its
+  processes could not close, cancelling its jobs.
 
 Depends on ``experiments`` (one run) and ``mesh_model``; nothing here is imported by them.
 """

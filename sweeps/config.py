@@ -22,19 +22,34 @@ CONFIG_MODULE = "sweeps.conf"
 
 @dataclass
 class ResourcesConfig:
-    """What one cell asks for. ``gpus_per_node`` > 1 or ``nodes`` > 1 makes each cell a DDP job."""
+    """What one cell asks for. More than one task in all (``tasks_per_node`` x ``nodes``) makes
+    each cell a DDP job: one process per task, ``cpus_per_task`` cores each; ``mem_gb`` is per node."""
 
     cpus_per_task: int = 2
     gpus_per_node: int = 0
     nodes: int = 1
     mem_gb: int = 16
     time_min: int = 60
+    # Processes (DDP ranks) per node; null: one per GPU, 1 without GPUs.
+    tasks_per_node: int | None = None
+
+    @property
+    def tasks(self) -> int:
+        """Processes per node: ``tasks_per_node``, else one per GPU (1 without GPUs)."""
+        return self.tasks_per_node or max(1, self.gpus_per_node)
 
     def validate(self) -> None:
         for name, low in (("cpus_per_task", 1), ("gpus_per_node", 0), ("nodes", 1), ("mem_gb", 1), ("time_min", 1)):
             value = getattr(self, name)
             if value < low:
                 raise ConfigError(f"resources.{name}", value, f"must be >= {low}")
+        tasks, gpus = self.tasks_per_node, self.gpus_per_node
+        if tasks is not None and tasks < 1:
+            raise ConfigError("resources.tasks_per_node", tasks, "must be >= 1, or null for one per GPU")
+        if tasks is not None and gpus and tasks != gpus:
+            raise ConfigError(
+                "resources.tasks_per_node", tasks, f"must be gpus_per_node={gpus} (one task per GPU), or null"
+            )
 
 
 @dataclass

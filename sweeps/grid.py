@@ -1,19 +1,24 @@
-"""From a grid and the command line to the launch settings and the list of cells."""
+"""From a grid and the command line to the launch settings, the list of cells and their plans,
+and the grid's key (the same for every command naming the same cells: a run, ``--status``,
+``--cancel``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.compose import compose_config, group_options
 from experiments.overrides import OverrideError, check_overrides, parse_overrides
+from experiments.plan import RunPlan, plan_run
 from mesh_model import ConfigError
 from sweeps.cells import Cell
 from sweeps.config import CONFIG_MODULE, LaunchConfig, ResourcesConfig, register_launch_configs
+from sweeps.grids import sweep_names
 from sweeps.launchers import LAUNCHERS
 
 LAUNCH_KEYS = ("launcher", "resources", "seeds")
@@ -117,3 +122,28 @@ def expand_cells(name: str, cell_overrides: Sequence[str], seeds: Sequence[int])
 def sweep_key(name: str, cells: Sequence[Cell]) -> str:
     digest = hashlib.sha256(json.dumps([c.overrides for c in cells]).encode()).hexdigest()[:10]
     return f"{name}-{digest}"
+
+
+def read_request(name: str, arguments: Sequence[str]) -> tuple[LaunchConfig, list[str], DictConfig]:
+    """(launch settings, the overrides of every cell, the sweep's config without its grid), checked."""
+    if name not in sweep_names():
+        raise SweepError(f"sweep={name!r} is invalid: known sweeps: {', '.join(sweep_names())}")
+    launch_overrides, cell_overrides = split_arguments(arguments)
+    check_overrides(cell_overrides)
+    launch = compose_launch(launch_overrides)
+    return launch, cell_overrides, compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)])
+
+
+def grid_cells(name: str, cell_overrides: Sequence[str], launch: LaunchConfig) -> tuple[list[Cell], list[RunPlan]]:
+    """The cells, with what the launcher adds for the resources (``trainer.devices``...), and each
+    one's plan: every cell checked before compute."""
+    cells = expand_cells(name, cell_overrides, launch.seeds)
+    if extra := launch.launcher.cell_overrides(launch.resources):
+        cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
+    return cells, [plan_run(compose_config(c.overrides)) for c in cells]
+
+
+def sweep_dir_for(plan: RunPlan, key: str) -> Path:
+    """``<runs_dir>/<experiment>/sweeps/<key>/``: the parent run's id, the summary, the SLURM jobs
+    (``jobs.json``), submitit's files."""
+    return plan.run_dir.parent / "sweeps" / key

@@ -30,6 +30,7 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import INTERRUPTED, Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
+from sweeps.jobs import record_jobs
 from sweeps.packing import GB, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ class Launcher:
         """Fail fast, before anything is logged, when this launcher cannot run here."""
 
     @property
+    def detaches(self) -> bool:
+        """Whether its cells run without this process (``mesh-sweep --detach``, :meth:`submit`)."""
+        return False
+
+    @property
     def concurrency(self) -> int:
         """How many cells run at once (an Optuna search asks for that many trials per round)."""
         return 1
@@ -81,7 +87,13 @@ class Launcher:
     def launch(
         self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path, on_start: OnStart = no_start
     ) -> Iterator[CellOutcome]:
+        """Run the cells; ``folder`` is ``<sweep dir>/submitit`` (submitit's files)."""
         raise NotImplementedError
+
+    def submit(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> list[str]:
+        """Hand the cells to a batch scheduler and return their job ids, in order, without waiting
+        for them (only where :attr:`detaches`)."""
+        raise LaunchError(f"launcher={self.name} runs its cells in this process or its children")
 
 
 @dataclass
@@ -435,9 +447,10 @@ def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
 
 
 def _job_outcome(job: Any, cell: Cell) -> CellOutcome:
-    """Wait for ``job``; a job that ends without a result (killed, out of memory...) fails its cell."""
+    """Wait for ``job``; a job that ends without a result (killed, out of memory...) fails its cell.
+    A job of several tasks (DDP ranks) reports what its first task, global rank 0, returned."""
     try:
-        return job.result()
+        return job.task(0).result()
     except Exception as error:
         return CellOutcome.failed(cell, _job_death(job, error))
 
@@ -476,7 +489,7 @@ def _collect(jobs: Sequence[Any], cells: Sequence[Cell], stop_wait_s: float = 0.
             outcome = None
             if job.done():
                 try:
-                    outcome = job.result()
+                    outcome = job.task(0).result()
                 except Exception:
                     outcome = None
             yield outcome if outcome is not None else CellOutcome.interrupted(cell, f"interrupted (job {job.job_id})")
@@ -488,7 +501,7 @@ def _submitit_parameters(resources: ResourcesConfig) -> dict[str, Any]:
         "name": "mesh-sweep",
         "timeout_min": resources.time_min,
         "gpus_per_node": resources.gpus_per_node,
-        "tasks_per_node": max(1, resources.gpus_per_node),  # one task per GPU: Lightning reads SLURM's ranks
+        "tasks_per_node": resources.tasks,  # one process per rank, started by srun: Lightning reads SLURM's ranks
         "nodes": resources.nodes,
         "cpus_per_task": resources.cpus_per_task,
     }
@@ -519,7 +532,9 @@ class SubmititLocalLauncher(WorkersLauncher):
 
 @dataclass
 class SlurmLauncher(Launcher):
-    """One SLURM job per cell, submitted as one job array throttled by ``max_parallel``."""
+    """One SLURM job per cell, submitted as one job array throttled by ``max_parallel``; a cell of
+    several tasks (``resources.tasks_per_node`` x ``nodes``) is one DDP run, its ranks started by
+    srun. The jobs of each submission are written to the grid's ``jobs.json`` (sweeps/jobs.py)."""
 
     partition: str | None = None
     account: str | None = None
@@ -542,13 +557,20 @@ class SlurmLauncher(Launcher):
             raise ConfigError("launcher.partition", self.partition, f"partitions here: {', '.join(known)}")
 
     @property
+    def detaches(self) -> bool:
+        return True
+
+    @property
     def concurrency(self) -> int:
         return self.max_parallel
 
     def cell_overrides(self, resources: ResourcesConfig) -> list[str]:
-        if resources.gpus_per_node == 0:
+        """Lightning's devices and nodes are SLURM's tasks per node and nodes; several processes
+        on CPUs are DDP (over gloo)."""
+        if resources.gpus_per_node == 0 and resources.tasks * resources.nodes == 1:
             return []
-        return [f"trainer.devices={resources.gpus_per_node}", f"trainer.num_nodes={resources.nodes}"]
+        overrides = [f"trainer.devices={resources.tasks}", f"trainer.num_nodes={resources.nodes}"]
+        return [*overrides, "trainer.strategy=ddp"] if resources.gpus_per_node == 0 else overrides
 
     def executor(self, folder: Path, resources: ResourcesConfig) -> submitit.AutoExecutor:
         if shutil.which("srun") is None:
@@ -578,12 +600,23 @@ class SlurmLauncher(Launcher):
     ) -> Iterator[CellOutcome]:
         """``on_start`` hears of each cell when the array is submitted: when SLURM starts a job
         is not known here."""
-        executor = self.executor(folder, resources)
-        with executor.batch():
-            jobs = [executor.submit(CellJob(), cell, None) for cell in cells]
+        jobs = self._submit(cells, resources, folder)
         for cell in cells:
             on_start(cell)
         yield from _collect(jobs, cells)
+
+    def submit(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> list[str]:
+        return [job.job_id for job in self._submit(cells, resources, folder)]
+
+    def _submit(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> list[Any]:
+        """One job array (a lone job for one cell); its ids go to ``<sweep dir>/jobs.json``."""
+        if not cells:
+            return []
+        executor = self.executor(folder, resources)
+        with executor.batch():
+            jobs = [executor.submit(CellJob(), cell, None) for cell in cells]
+        record_jobs(folder.parent, {cell.index: job.job_id for cell, job in zip(cells, jobs, strict=True)})
+        return jobs
 
 
 def slurm_partitions() -> list[str]:

@@ -5,9 +5,12 @@ One parent per grid key (sweeps/grid.py ``sweep_key``), reused by every re-run o
 * params, logged once when it is created (MLflow params cannot change): what the key fixes, the
   sweep's name, each grid axis with its values, the overrides every cell shares;
 * tags, set by each invocation: the command line, the git commit, the launcher, ``progress``;
+  ``detached`` while the grid's SLURM jobs run without a ``mesh-sweep`` that waits for them;
 * metrics ``cells_<status>`` (and the ``progress`` tag), updated as each cell ends;
 * at the end: the summary table as the run's description (its note, Markdown), ``summary.json``
-  as an artifact, and the final status (KILLED on Ctrl-C, FAILED if a cell failed, else FINISHED).
+  as an artifact, and the final status (KILLED on Ctrl-C or when a cell was stopped, FAILED if a
+  cell failed, else FINISHED). A detached grid ends when ``mesh-sweep --status`` finds every
+  cell ended, or on ``--cancel`` (sweeps/status.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
     from experiments.plan import RunPlan
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DETACHED_TAG = "detached"  # the grid's jobs were submitted by a mesh-sweep that did not wait for them
+ID_FILE = "parent_run_id"  # in the sweep's folder
 
 
 def val_sets(plans: Sequence[RunPlan]) -> list[str]:
@@ -106,11 +111,13 @@ class ParentRun:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         prepare_sqlite_store(plan.tracking_uri)
         client = mlflow.MlflowClient(plan.tracking_uri)
-        id_file = sweep_dir / "parent_run_id"
+        id_file = sweep_dir / ID_FILE
         if id_file.exists():
             run_id = id_file.read_text().strip()
             run = client.get_run(run_id)
             reopen_run(client, run_id, run.data.tags)
+            if DETACHED_TAG in run.data.tags:  # each invocation says for itself whether it waits
+                client.delete_tag(run_id, DETACHED_TAG)
         else:
             created = {"sweep": name, "kind": "sweep", "cells": str(len(cells))}
             artifacts = artifact_location(plan.tracking_uri, plan.run_dir.parent)
@@ -124,6 +131,19 @@ class ParentRun:
         if val_sets:
             parent.view = write_key_metrics_view(client, parent.experiment_id, val_sets)
         return parent
+
+    @classmethod
+    def find(cls, tracking_uri: str, sweep_dir: Path) -> tuple[ParentRun, Any] | None:
+        """The parent of the grid whose folder is ``sweep_dir`` and its MLflow run, as they are
+        (nothing reopened); None when the grid never ran."""
+        import mlflow
+
+        id_file = sweep_dir / ID_FILE
+        if not id_file.exists():
+            return None
+        client = mlflow.MlflowClient(tracking_uri)
+        run = client.get_run(id_file.read_text().strip())
+        return cls(tracking_uri, run.info.run_id, run.info.experiment_id, client), run
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -165,16 +185,24 @@ class ParentRun:
         total: int,
         interrupted: bool = False,
         error: BaseException | None = None,
+        reason: str = "Ctrl-C",
     ) -> None:
-        """The final counts, then the final status: KILLED (tag ``interrupted``) on Ctrl-C, FAILED
-        when a cell failed or the sweep itself broke (tag ``error``), else FINISHED."""
+        """The final counts, then the final status: KILLED (tag ``interrupted``: ``reason`` and the
+        counts) when the grid was stopped (``interrupted``: Ctrl-C, ``--cancel``); FAILED when the
+        sweep itself broke (tag ``error``) or a cell failed; KILLED when a cell was stopped (a
+        worker got SIGTERM, SLURM cancelled a job) or never ran, as the grid is not complete;
+        else FINISHED."""
         try:
             counts = self.progress(outcomes, total)
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 interrupted, error = True, None
-            if interrupted:
+            stopped = counts[INTERRUPTED] + counts[NOT_STARTED]
+            if interrupted or (error is None and stopped and not counts[FAILED]):
+                if not interrupted:
+                    reason = f"{counts[INTERRUPTED]} cell(s) stopped before the end"
                 done = f"{counts[FINISHED] + counts[SKIPPED]} finished, {counts[INTERRUPTED]} interrupted"
-                self.client.set_tag(self.run_id, "interrupted", f"Ctrl-C: {done}, {counts[NOT_STARTED]} never ran")
+                note = f"{reason}: {done}, {counts[NOT_STARTED]} never ran; re-run the grid to resume"
+                self.client.set_tag(self.run_id, "interrupted", note)
                 self.client.set_terminated(self.run_id, "KILLED")
             elif error is not None:
                 self.client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000])

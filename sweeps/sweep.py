@@ -4,6 +4,9 @@
     mesh-sweep schemes seeds=3 --dry-run                 # list the 18 runs, start nothing
     mesh-sweep buffer_slots model=mini launcher.workers=2
     mesh-sweep schemes model=pythia-410m trainer=gpu launcher=slurm launcher.partition=gpu resources=gpu1
+    mesh-sweep schemes launcher=slurm --detach           # submit the jobs and return
+    mesh-sweep schemes launcher=slurm --status           # where each cell stands (any launcher)
+    mesh-sweep schemes launcher=slurm --cancel           # cancel the grid's jobs; re-running continues
 
 Overrides of ``launcher``/``resources``/``seeds`` say how the grid runs; all others go to every
 cell. A comma list (``scheme=base,mesh``) adds or replaces a grid axis, and a single value for
@@ -22,9 +25,16 @@ sweep file's ``hydra.sweeper.params``. Bookkeeping:
 * a failing cell is FAILED with its error and the others go on, also when its worker process
   dies (a signal, the OOM killer): the sweep then closes the cell's MLflow run FAILED itself; the
   summary at the end lists every cell, and the exit code is 1 if any failed;
+* a cell stopped on its own (its worker got SIGTERM: the run KILLED, ``last.ckpt`` saved) is
+  INTERRUPTED and the others go on; the grid is not complete: the parent run is KILLED (tag
+  ``interrupted``) unless a cell failed, and the exit code is 1;
 * Ctrl-C stops the grid: running cells stop (their runs KILLED, tag ``interrupted``), cells not
   started never start, the parent run is KILLED, the summary says which cells finished, which
-  were interrupted and which never ran, and the exit code is 130. Re-running resumes.
+  were interrupted and which never ran, and the exit code is 130. Re-running resumes;
+* ``--detach`` (``launcher=slurm``) submits the cells' jobs, writes their ids to the grid's
+  ``jobs.json`` and returns: the parent run stays RUNNING (tag ``detached``) until ``--status``
+  finds every cell ended, ``--cancel``, or a re-run. A re-run, attached or not, is refused while
+  jobs of the grid are still queued or running. ``--status`` and ``--cancel``: sweeps/status.py.
 """
 
 from __future__ import annotations
@@ -39,26 +49,22 @@ from typing import TextIO
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
-from experiments.console import quiet_libraries, take_verbose_flag
-from experiments.overrides import OverrideError, check_overrides
+from experiments.console import quiet_libraries, script_command, take_verbose_flag, timestamp
+from experiments.overrides import OverrideError
 from experiments.plan import InputError, RunPlan, plan_run
 from experiments.tracking import RunRecord, TrackingError, terminate_run
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
 from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
 from sweeps.config import LaunchConfig
-from sweeps.grid import SweepError, compose_launch, expand_cells, fixed_overrides, split_arguments, sweep_key
+from sweeps.grid import SweepError, grid_cells, read_request, sweep_dir_for, sweep_key
 from sweeps.grids import sweep_description, sweep_names
+from sweeps.jobs import job_states, live, read_jobs
 from sweeps.launchers import LaunchError
-from sweeps.parent import ParentRun, grid_params, val_sets
+from sweeps.parent import DETACHED_TAG, ParentRun, grid_params, val_sets
 from sweeps.progress import COMPLETED, GridConsole, next_steps, results_command, summary_table, trials_table
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
-
-
-def sweep_dir_for(plan: RunPlan, key: str) -> Path:
-    """``<runs_dir>/<experiment>/sweeps/<key>/``: the parent run's id, the summary, submitit's files."""
-    return plan.run_dir.parent / "sweeps" / key
 
 
 def invocation_tags(command: str, launch: LaunchConfig) -> dict[str, str]:
@@ -67,23 +73,24 @@ def invocation_tags(command: str, launch: LaunchConfig) -> dict[str, str]:
 
 
 def run_sweep(
-    name: str, arguments: Sequence[str], dry_run: bool = False, out: TextIO = sys.stdout, command: str | None = None
+    name: str,
+    arguments: Sequence[str],
+    dry_run: bool = False,
+    out: TextIO = sys.stdout,
+    command: str | None = None,
+    detach: bool = False,
 ) -> int:
-    """Run the grid ``name``; 0 when every cell finished, 1 when one failed, 130 on Ctrl-C.
+    """Run the grid ``name``; 0 when every cell finished, 1 when one failed or was stopped, 130 on
+    Ctrl-C. ``detach``: submit the cells to the batch scheduler and return 0 at once.
     ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``)."""
-    if name not in sweep_names():
-        raise SweepError(f"sweep={name!r} is invalid: known sweeps: {', '.join(sweep_names())}")
-    launch_overrides, cell_overrides = split_arguments(arguments)
-    check_overrides(cell_overrides)
-    launch = compose_launch(launch_overrides)
+    launch, cell_overrides, base = read_request(name, arguments)
     command = command or shlex.join(["mesh-sweep", name, *arguments])
-    base = compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)])
+    if detach and (base.search.n_trials > 0 or not launch.launcher.detaches):
+        what = f"{name} is an Optuna search" if base.search.n_trials > 0 else f"launcher={launch.launcher.name}"
+        raise SweepError(f"--detach needs a grid on a batch scheduler (launcher=slurm); {what}")
     if base.search.n_trials > 0:
         return run_search_sweep(name, base, cell_overrides, launch, dry_run, out, command)
-    cells = expand_cells(name, cell_overrides, launch.seeds)
-    if extra := launch.launcher.cell_overrides(launch.resources):
-        cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
-    plans = [plan_run(compose_config(c.overrides)) for c in cells]  # every cell checked before compute
+    cells, plans = grid_cells(name, cell_overrides, launch)  # every cell checked before compute
     if dry_run:
         print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
         for cell, plan in zip(cells, plans, strict=True):
@@ -94,6 +101,7 @@ def run_sweep(
     key = sweep_key(name, cells)
     sweep_dir = sweep_dir_for(plans[0], key)
     launch.launcher.check(sweep_dir / "submitit", launch.resources)
+    refuse_live_jobs(sweep_dir, name, arguments)
     finished = [plan.result_file.exists() for plan in plans]  # read once: packing and skipping agree
     packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
     shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
@@ -119,6 +127,13 @@ def run_sweep(
     for outcome in outcomes.values():
         console.skipped(outcome)
     parent.try_progress(list(outcomes.values()), len(cells))
+    if detach and pending:
+        try:
+            jobs = launch.launcher.submit(pending, launch.resources, sweep_dir / "submitit")
+        except BaseException as error:  # nothing was submitted: the parent says why
+            parent.close(list(outcomes.values()), len(cells), error=error)
+            raise
+        return detached(name, arguments, pending, jobs, parent, console, out)
 
     def record(outcome: CellOutcome) -> None:
         cell = cells[outcome.index]
@@ -137,9 +152,53 @@ def run_sweep(
     ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
     table = summary_table(name, ordered)
     finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
+    return exit_code(ordered, interrupted)
+
+
+def exit_code(outcomes: Sequence[CellOutcome], interrupted: bool) -> int:
+    """130 after Ctrl-C; 1 when a cell failed or was stopped (the grid is not complete); else 0."""
     if interrupted:
         return EXIT_INTERRUPTED
-    return 1 if any(o.status == FAILED for o in ordered) else 0
+    return 1 if any(o.status in (FAILED, INTERRUPTED) for o in outcomes) else 0
+
+
+def grid_command(name: str, arguments: Sequence[str], *flags: str) -> str:
+    """The ``mesh-sweep`` command of this grid, to copy (``--status``, ``--cancel``...)."""
+    return shlex.join([script_command("mesh-sweep"), name, *arguments, *flags])
+
+
+def refuse_live_jobs(sweep_dir: Path, name: str, arguments: Sequence[str]) -> None:
+    """Stop (SweepError) while SLURM jobs of this grid are queued or running: started again, their
+    cells would train twice. Asks SLURM only when the grid has jobs (``jobs.json``)."""
+    states = job_states(read_jobs(sweep_dir).values()) or {}
+    running = sorted(job for job, state in states.items() if live(state))
+    if running:
+        raise SweepError(
+            f"{len(running)} SLURM job(s) of this grid are still queued or running ({' '.join(running)}): "
+            f"see them with `{grid_command(name, arguments, '--status')}`, stop them with `--cancel`, or wait"
+        )
+
+
+def detached(
+    name: str,
+    arguments: Sequence[str],
+    pending: Sequence[Cell],
+    jobs: Sequence[str],
+    parent: ParentRun,
+    console: GridConsole,
+    out: TextIO,
+) -> int:
+    """Say which job runs each cell and how to follow them; 0. Each job's own process trains its
+    cell and closes its MLflow run; the parent stays RUNNING, tagged ``detached``, for
+    ``--status`` (or ``--cancel``) to close."""
+    parent.set_tags({DETACHED_TAG: f"{timestamp()}: {len(jobs)} SLURM job(s) submitted: {' '.join(jobs)}"})
+    for cell, job in zip(pending, jobs, strict=True):
+        console.say(f"{console.position(cell.index)} submitted {cell.label} · SLURM job {job}")
+    console.say(f"detached: {len(jobs)} SLURM job(s) run the grid without this process: {' '.join(jobs)}")
+    print(f"status: {grid_command(name, arguments, '--status')}", file=out)
+    print(f"cancel: {grid_command(name, arguments, '--cancel')}", file=out)
+    out.flush()
+    return 0
 
 
 def finish(
@@ -152,9 +211,28 @@ def finish(
     interrupted: bool,
     out: TextIO,
 ) -> None:
-    """The end of a grid or search, also after Ctrl-C: ``summary.json``, the parent's description
-    (``table`` and the ``mesh-results`` command) and final status, then the table and what to run
-    next on ``out``."""
+    """The end of a grid or search, also after Ctrl-C: :func:`conclude`, then the table and what
+    to run next on ``out``."""
+    conclude(parent, plan, sweep_dir, outcomes, total, table, interrupted)
+    print(f"\n{table}\n", file=out)
+    runs_dir = Path(plan.config["runs_dir"]).expanduser().resolve()
+    for line in next_steps(plan.experiment, parent.experiment_id, plan.tracking_uri, runs_dir, parent.view):
+        print(line, file=out)
+    out.flush()
+
+
+def conclude(
+    parent: ParentRun,
+    plan: RunPlan,
+    sweep_dir: Path,
+    outcomes: Sequence[CellOutcome],
+    total: int,
+    table: str,
+    interrupted: bool = False,
+    reason: str = "Ctrl-C",
+) -> None:
+    """``summary.json``, the parent's description (``table`` and the ``mesh-results`` command) and
+    its final status (:meth:`ParentRun.close`)."""
     summary = sweep_dir / "summary.json"
     summary.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
     runs_dir = Path(plan.config["runs_dir"]).expanduser().resolve()
@@ -164,11 +242,7 @@ def finish(
         parent.describe(note, summary)
     except Exception as failure:  # the run's status matters more than its description
         print(f"[mesh-sweep] could not describe the parent run {parent.run_id}: {failure}", file=sys.stderr)
-    parent.close(outcomes, total, interrupted=interrupted)
-    print(f"\n{table}\n", file=out)
-    for line in next_steps(plan.experiment, parent.experiment_id, plan.tracking_uri, runs_dir, parent.view):
-        print(line, file=out)
-    out.flush()
+    parent.close(outcomes, total, interrupted=interrupted, reason=reason)
 
 
 def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome], None]) -> bool:
@@ -292,9 +366,7 @@ def run_search_sweep(
     if interrupted:
         table += "\n\ninterrupted; running trials were stopped, re-run the command to resume the study"
     finish(parent, plan, sweep_dir, outcomes, search.n_trials, table, interrupted, out)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return 1 if any(o.status == FAILED for o in outcomes) else 0
+    return exit_code(outcomes, interrupted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -304,6 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the runs (count and overrides), start nothing")
     parser.add_argument("--list", action="store_true", help="list the sweeps")
     parser.add_argument(
+        "--detach", action="store_true", help="launcher=slurm: submit the cells' jobs and return (see --status)"
+    )
+    parser.add_argument(
+        "--status", action="store_true", help="each cell's state, last step and val loss; trains nothing"
+    )
+    parser.add_argument("--cancel", action="store_true", help="cancel the grid's SLURM jobs, close its runs KILLED")
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="Lightning's and MLflow's INFO lines, in every cell"
     )
     typed = list(sys.argv[1:] if argv is None else argv)
@@ -312,9 +391,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in sweep_names():
             print(f"{name:20s} {sweep_description(name)}")
         return 0
+    modes = [flag for flag in ("dry_run", "detach", "status", "cancel") if getattr(args, flag)]
+    if len(modes) > 1:
+        print(f"error: {' and '.join('--' + m.replace('_', '-') for m in modes)} do not go together", file=sys.stderr)
+        return 2
     quiet_libraries()  # the cells inherit the level through the environment
     try:
-        return run_sweep(args.name, args.overrides, dry_run=args.dry_run, command=shlex.join(["mesh-sweep", *typed]))
+        if args.status or args.cancel:
+            from sweeps.status import cancel_grid, grid_status
+
+            return (cancel_grid if args.cancel else grid_status)(args.name, args.overrides, sys.stdout)
+        command = shlex.join(["mesh-sweep", *typed])
+        return run_sweep(args.name, args.overrides, dry_run=args.dry_run, command=command, detach=args.detach)
     except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

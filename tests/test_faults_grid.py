@@ -2,6 +2,8 @@
 
 * SIGKILL to one worker of ``launcher=parallel``: only its cell fails, the others finish, and
   MLflow agrees with the table;
+* SIGTERM to one worker: its cell stops with ``last.ckpt`` (INTERRUPTED, its run KILLED), the
+  other finishes; the grid is not complete: the parent run is KILLED, not FINISHED, and exit 1;
 * Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it): the parent run is KILLED,
   nothing is left RUNNING, cells not started never start, exit 130;
 * bad launch inputs: one line on stderr, exit 2, no store created;
@@ -153,6 +155,41 @@ def test_a_killed_worker_fails_its_cell_alone_and_mlflow_agrees(tmp_path, cell):
             assert run.info.status == "FINISHED"
             assert outcomes[label]["val_loss"] == pytest.approx(run.data.metrics["val_loss"])
             assert table_row(text, label)[2] == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_by_sigterm_leaves_the_grid_incomplete_and_exits_1(tmp_path, cell):
+    runs = tmp_path / "runs"
+    args = ["schemes", "scheme=base,mesh", "launcher=parallel", "launcher.workers=2"]
+    process, log = start_sweep([*args, *cell(60, checkpoint_every=10), f"runs_dir={runs}"], tmp_path)
+    wait_for(lambda: checkpointed(runs, "base"), 240, process, "the first cell to train 10 steps")
+    workers = cell_workers(process.pid)
+    assert len(workers) == 2 and not list(runs.glob("schemes/*-base-*/result.json"))
+    os.kill(workers[0], signal.SIGTERM)  # the first cell's worker alone, not the grid's process group
+    assert process.wait(timeout=300) == 1, log.read_text()
+
+    outcomes = summary(runs)
+    stopped = outcomes["scheme=base"]
+    assert stopped["status"] == "INTERRUPTED" and stopped["error"] == "stopped (exit code 143); re-run to resume"
+    assert outcomes["scheme=mesh"]["status"] == "FINISHED"
+    text = log.read_text()
+    assert table_row(text, "scheme=base")[2] == "INTERRUPTED" and table_row(text, "scheme=mesh")[2] == "FINISHED"
+    assert "interrupted: 1 finished, 0 failed, 1 interrupted, 0 never ran; run the same command to resume" in text
+
+    parents, cells = store(runs)
+    assert len(parents) == 1 and parents[0].info.status == "KILLED"
+    assert (
+        parents[0]
+        .data.tags["interrupted"]
+        .startswith("1 cell(s) stopped before the end: 1 finished, 1 interrupted, 0 never ran")
+    )
+    assert not [r for r in [*parents, *cells] if r.info.status == "RUNNING"]
+    by_scheme = {r.data.params["scheme"]: r for r in cells}
+    assert by_scheme["mesh"].info.status == "FINISHED"
+    killed = by_scheme["base"]
+    assert killed.info.status == "KILLED" and killed.data.tags["terminated"].startswith("SIGTERM at step ")
+    assert killed.info.run_id == stopped["run_id"]
+    assert (Path(stopped["run_dir"]) / "checkpoints" / "last.ckpt").exists()  # a re-run resumes it
 
 
 @pytest.mark.slow

@@ -9,6 +9,11 @@ the real store and the signals SLURM sends.
 * a cell with a 1-minute limit and more work than fits is requeued until it finishes;
 * a job cancelled outright fails its cell alone, mesh-sweep exits 1, and running the same command
   again submits that cell alone;
+* a detached grid (``--detach``): ``--status`` follows it and settles a job killed outright,
+  ``--cancel`` cancels it, re-running continues it, and ``--status`` closes its parent run once
+  every cell has ended;
+* a cell of two tasks (``resources=ddp_cpu``: DDP over gloo, its ranks started by srun) is one
+  MLflow run, logged once per step by rank 0;
 * an unknown partition is refused in one line, naming the partitions, before anything is submitted.
 
 Where no cluster answers and none can be started (not root, SLURM not installed) every test here
@@ -20,14 +25,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlflow
 import pytest
 from slurm_cluster import allocations, ensure_cluster, job_ids, partitions, unavailable
 from test_faults_grid import wait_for
+
+from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 
 if (reason := unavailable()) is not None:
     pytest.skip(reason, allow_module_level=True)
@@ -261,6 +272,172 @@ def test_a_cancelled_job_fails_its_cell_alone_and_a_rerun_resubmits_it(cluster, 
     by_scheme = {r.data.params["scheme"]: r for r in cells}
     assert sorted(by_scheme) == ["base", "mesh"] and by_scheme["mesh"].info.run_id == cancelled["run_id"]
     assert all(r.info.status == "FINISHED" for r in cells)
+
+
+def mesh_sweep(args: list[str], cwd: Path) -> tuple[int, str]:
+    """``mesh-sweep ARGS`` to its end: (exit code, stdout and stderr)."""
+    done = subprocess.run(
+        [str(BIN / "mesh-sweep"), *args], cwd=cwd, env=environment(), capture_output=True, text=True, timeout=300
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def run_dir_of(runs: Path, steps: int, checkpointed: bool = False) -> Path | None:
+    """The folder of the cell of ``max_steps=steps`` once its run has started (and saved a
+    checkpoint, if ``checkpointed``)."""
+    for folder in runs.glob("schemes/tiny-*"):
+        config = folder / "config.yaml"
+        started = config.exists() and re.search(rf"^max_steps: {steps}$", config.read_text(), re.M)
+        if started and (not checkpointed or any(folder.glob("checkpoints/step*.ckpt"))):
+            return folder
+    return None
+
+
+def kill_outright(run_dir: Path) -> None:
+    """SIGKILL to the process that trains the run (its lock holds the PID): as the OOM killer does,
+    it leaves the run RUNNING and its job ends on its own."""
+    os.kill(int((run_dir / ".lock").read_text()), signal.SIGKILL)
+
+
+def ended(job: str) -> bool:
+    state = (job_states([job]) or {}).get(job)
+    return state is not None and not live(state) and state != COMPLETING
+
+
+def status_rows(out: str) -> dict[str, list[str]]:
+    """Each cell's row of ``--status`` after its label: state, step, val loss, SLURM job, note."""
+    rows = {}
+    for line in out.splitlines():
+        fields = re.split(r"\s{2,}", line.strip())
+        if len(fields) >= 6 and fields[0].isdigit():
+            rows[fields[1].split()[-1]] = fields[2:]  # by the cell's max_steps=...
+    return rows
+
+
+SHORT, LONG = 60, 100_000  # the short cell is killed at step 10 and later finishes; the long one never does
+
+
+@pytest.mark.slow
+def test_a_detached_grid_is_followed_settled_cancelled_and_continued(cluster, tmp_path, cell):
+    runs = tmp_path / "runs"
+    every = [o for o in cell(SHORT) if not o.startswith("max_steps=")]
+    args = ["schemes", "scheme=base", f"max_steps={SHORT},{LONG}", *SLURM, *every, f"runs_dir={runs}"]
+    short, long = f"max_steps={SHORT}", f"max_steps={LONG}"
+    try:
+        code, out = mesh_sweep([*args, "--detach"], tmp_path)
+        assert code == 0, out
+        (sweep_dir,) = runs.glob("schemes/sweeps/*")
+        first = read_jobs(sweep_dir)
+        said = re.findall(r"cell (\d)/2 submitted scheme=base max_steps=\d+ · SLURM job (\S+)", out)
+        assert sorted(first) == [0, 1] and said == [(str(i + 1), first[i]) for i in (0, 1)], out
+        assert re.search(r"^status: \S*mesh-sweep schemes .* --status$", out, re.M), out
+        assert re.search(r"^cancel: \S*mesh-sweep schemes .* --cancel$", out, re.M), out
+        assert live(job_states([first[1]])[first[1]])  # mesh-sweep has returned; the jobs go on
+        client, parents, _ = store(runs)
+        assert [p.info.status for p in parents] == ["RUNNING"]
+        assert f"submitted: {first[0]} {first[1]}" in parents[0].data.tags["detached"]
+
+        # The short cell's process is killed outright (its run stays RUNNING): --status settles it.
+        kill_outright(until(lambda: run_dir_of(runs, SHORT, checkpointed=True), 300, "the short cell to train"))
+        until(lambda: ended(first[0]), 120, "SLURM to end the killed job")
+        long_dir = until(lambda: run_dir_of(runs, LONG, checkpointed=True), 300, "the long cell to train")
+        code, out = mesh_sweep([*args, "--status"], tmp_path)
+        rows = status_rows(out)
+        assert code == 0 and rows[long][0] == "running" and rows[long][3] == f"{first[1]} RUNNING", out
+        state, step, _, job, note = rows[short]
+        ended_as = job.split()[1]  # sacct's word: FAILED here (the task died of a signal)
+        assert state == ("killed" if ended_as in ("CANCELLED", "TIMEOUT") else "failed") and int(step) >= 9, out
+        assert note.startswith(f"SLURM job {first[0]} ended {ended_as} at step {step} (found by mesh-sweep --status)")
+        assert out.rstrip().endswith(f"2 cells: 1 running, 1 {state}"), out
+        client, parents, cells = store(runs)
+        (settled,) = [r for r in cells if r.data.params["max_steps"] == str(SHORT)]
+        assert settled.info.status == {"failed": "FAILED", "killed": "KILLED"}[state]
+        assert note in (settled.data.tags.get("error"), settled.data.tags.get("terminated"))
+        assert [p.info.status for p in parents] == ["RUNNING"]  # a cell still runs
+
+        # --cancel: the long cell's job is cancelled, its run and the parent KILLED.
+        code, out = mesh_sweep([*args, "--cancel"], tmp_path)
+        assert code == 0 and f"cancelled 1 SLURM job(s): {first[1]}" in out, out
+        assert status_rows(out)[long][:1] == ["killed"] and "re-run the grid to continue it: " in out, out
+        assert allocations(first[1])[-1]["State"].startswith("CANCELLED")  # "CANCELLED by <uid>"
+        client, parents, cells = store(runs)
+        (cancelled,) = [r for r in cells if r.data.params["max_steps"] == str(LONG)]
+        assert cancelled.info.status == "KILLED", cancelled.data.tags
+        assert cancelled.data.tags["interrupted"].startswith(f"cancelled (mesh-sweep --cancel), SLURM job {first[1]}")
+        assert [p.info.status for p in parents] == ["KILLED"]
+        assert (
+            parents[0].data.tags["interrupted"].startswith("cancelled (mesh-sweep --cancel): 0 finished, 1 interrupted")
+        )
+
+        # Re-run, detached again: both cells resume their last.ckpt into their runs; the short one
+        # finishes, the long one is killed outright; then --status finds every cell ended.
+        code, out = mesh_sweep([*args, "--detach"], tmp_path)
+        assert code == 0, out
+        again = read_jobs(sweep_dir)
+        assert set(again.values()).isdisjoint(first.values()), (first, again)
+        log = submitit_folder(runs) / f"{again[1]}_0_log.err"
+        until(lambda: log.exists() and "[mesh-train] resuming from" in log.read_text(), 300, "the long cell to resume")
+        kill_outright(long_dir)
+        until(lambda: (run_dir_of(runs, SHORT) / "result.json").exists(), 300, "the short cell to finish")
+        until(lambda: ended(again[0]) and ended(again[1]), 120, "SLURM to end both jobs")
+        code, out = mesh_sweep([*args, "--status"], tmp_path)
+        rows = status_rows(out)
+        result = json.loads((run_dir_of(runs, SHORT) / "result.json").read_text())
+        assert code == 0 and rows[short][:3] == ["finished", str(SHORT), f"{result['val_loss']:.4f}"], out
+        assert rows[long][0] in ("failed", "killed") and rows[long][4].startswith(f"SLURM job {again[1]} ended"), out
+        assert "every cell has ended: the parent run is closed; re-running the grid continues it" in out, out
+        client, parents, cells = store(runs)
+        assert [p.info.status for p in parents] == ["FAILED" if rows[long][0] == "failed" else "KILLED"]
+        assert "detached" in parents[0].data.tags and parents[0].data.tags["progress"].startswith("2/2: 1 finished")
+        by_steps = {int(r.data.params["max_steps"]): r for r in cells}
+        assert (
+            by_steps[SHORT].info.run_id == settled.info.run_id and by_steps[LONG].info.run_id == cancelled.info.run_id
+        )
+        finished = by_steps[SHORT]
+        assert finished.info.status == "FINISHED" and not {"error", "terminated", "interrupted"} & set(
+            finished.data.tags
+        )
+        assert [m.step for m in client.get_metric_history(finished.info.run_id, "train/loss")] == list(range(SHORT))
+        assert "last.ckpt" in (submitit_folder(runs) / f"{again[0]}_0_log.err").read_text()  # it resumed
+    finally:  # nothing of this grid left on the cluster for the next test
+        if jobs := read_jobs(next(runs.glob("schemes/sweeps/*"), tmp_path)):
+            subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+def test_a_cell_of_two_tasks_is_one_ddp_run_logged_by_rank_0(cluster, tmp_path, cell):
+    runs = tmp_path / "runs"
+    args = ["schemes", "scheme=base", "launcher=slurm", "resources=ddp_cpu", "resources.mem_gb=2", *cell(6)]
+    code, out, err = finish(start_sweep([*args, f"runs_dir={runs}"], tmp_path), tmp_path)
+    assert code == 0, out + err
+
+    (job,) = job_ids(submitit_folder(runs))
+    (row,) = allocations(job)
+    assert row["State"] == "COMPLETED" and row["ReqCPUS"] == "2", row  # 2 tasks x 1 CPU
+    steps = subprocess.run(
+        ["sacct", "-P", "-n", "-j", job, "-o", "JobID,NTasks"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.split()
+    assert f"{job}.0|2" in steps, steps  # srun's step: two tasks
+    client, parents, cells = store(runs)
+    (run,) = cells  # one run for both ranks
+    assert run.info.status == "FINISHED" and parents[0].info.status == "FINISHED"
+    assert (run.data.params["trainer.devices"], run.data.params["trainer.strategy"]) == ("2", "ddp")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(6))  # once each
+    result = json.loads((Path(run.data.tags["run_dir"]) / "result.json").read_text())
+    assert result["world_size"] == 2 and result["run_id"] == run.info.run_id
+    # Rank 1 trained the same steps in the same DDP run, and reported without a run of its own.
+    status, rank1 = pickle.loads((submitit_folder(runs) / f"{job}_1_result.pkl").read_bytes())
+    assert status == "success" and rank1.status == "FINISHED" and rank1.run_id is None and rank1.steps == 6
+    assert rank1.val_loss == pytest.approx(result["val_loss"])
 
 
 def test_an_unknown_partition_is_refused_in_one_line_before_anything_is_submitted(cluster, tmp_path, cell):

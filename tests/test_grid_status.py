@@ -1,0 +1,168 @@
+"""``mesh-sweep --status`` and ``--cancel`` of a grid on this machine, the requests they refuse,
+and what a cell of several tasks asks SLURM for (no cluster needed here; the SLURM side of
+``--detach``, ``--status``, ``--cancel`` and multi-task cells runs in tests/test_slurm_cluster.py).
+
+* a local grid whose ``mesh-sweep`` is killed outright (SIGKILL) while its first cell trains:
+  ``--status`` shows that cell running (with its PID) while the process lives, then killed once
+  it is gone (its run closed KILLED), the other not started, the parent still RUNNING;
+  ``--cancel`` has no jobs to cancel and closes the parent KILLED; re-running finishes the grid;
+* ``--status``/``--cancel`` of a grid with no runs, ``--detach`` off SLURM, two modes at once:
+  one line, exit 2, nothing created;
+* ``resources=ddp_cpu``: two tasks of one CPU, ``trainer.devices``/``strategy`` following.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import mlflow
+import pytest
+from test_faults_grid import BIN, checkpointed, environment, wait_for
+
+from experiments.compose import group_options
+from mesh_model import ConfigError
+from sweeps.config import CONFIG_MODULE
+from sweeps.grid import compose_launch
+from sweeps.jobs import array_tasks, read_jobs, record_jobs
+from sweeps.sweep import main, run_sweep
+
+# One cell at a time, in the mesh-sweep process, with one torch thread (also when it is this one).
+GRID = ["schemes", "scheme=base,mesh", "launcher.workers=1", "launcher.threads=1"]
+
+
+@pytest.fixture
+def cell(grid_cell_overrides):
+    """A grid cell of 60 steps checkpointed every 10: one is signalled while it trains."""
+    changes = {"probes.enabled": "false", "max_steps": 60, "val_every": 20, "log_every": 1, "checkpoint_every": 10}
+    kept = [o for o in grid_cell_overrides() if o.split("=", 1)[0] not in changes]
+    return [*kept, *(f"{key}={value}" for key, value in changes.items())]
+
+
+def status(args: list[str], capsys, flag: str = "--status") -> tuple[int, dict[str, list[str]], str]:
+    """``mesh-sweep ARGS --status`` (or ``flag``) in this process: (exit code, each cell's row
+    after its label: state, step, val loss[, note], the whole output)."""
+    code = main([*args, flag])
+    out = capsys.readouterr().out
+    rows = {}
+    for line in out.splitlines():
+        fields = re.split(r"\s{2,}", line.strip())
+        if len(fields) >= 5 and fields[0].isdigit():
+            rows[fields[1]] = fields[2:]
+    return code, rows, out
+
+
+def store(runs: Path):
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    found = client.search_runs([client.get_experiment_by_name("schemes").experiment_id])
+    parents = [r for r in found if r.data.tags.get("kind") == "sweep"]
+    return client, parents, {r.data.params["scheme"]: r for r in found if r.data.tags.get("kind") != "sweep"}
+
+
+@pytest.mark.slow
+def test_a_local_grid_killed_outright_is_seen_settled_cancelled_and_continued(tmp_path, cell, capsys):
+    runs = tmp_path / "runs"
+    args = [*GRID, *cell, f"runs_dir={runs}"]
+    with (tmp_path / "sweep.log").open("w") as log:
+        process = subprocess.Popen([str(BIN / "mesh-sweep"), *args], cwd=tmp_path, env=environment(), stdout=log)
+    try:
+        wait_for(lambda: checkpointed(runs, "base"), 240, process, "the first cell to train 10 steps")
+        os.kill(process.pid, signal.SIGSTOP)  # it trains no further, and still holds its run
+        code, rows, out = status(args, capsys)
+        assert code == 0 and rows["scheme=base"][0] == "running" and f"PID {process.pid}" in out, out
+        assert rows["scheme=mesh"] == ["not started", "-", "-"], out
+        assert "parent run " in out and out.splitlines()[0].endswith(" RUNNING"), out
+        assert out.rstrip().endswith("2 cells: 1 running, 1 not started"), out
+    finally:
+        process.kill()  # SIGKILL: nothing of it closes the run, the parent or the grid
+        process.wait(timeout=60)
+
+    code, rows, out = status(args, capsys)
+    assert code == 0 and rows["scheme=mesh"][0] == "not started", out
+    state, step, _, note = rows["scheme=base"]
+    assert state == "killed" and int(step) >= 10, out
+    assert note.startswith(f"its process is gone at step {step} (found by mesh-sweep --status)"), out
+    assert out.rstrip().endswith("2 cells: 1 killed, 1 not started"), out
+    client, parents, cells = store(runs)
+    assert cells["base"].info.status == "KILLED" and cells["base"].data.tags["interrupted"] == note
+    assert parents[0].info.status == "RUNNING"  # a cell has not run: the grid has not ended
+
+    code, rows, out = status(args, capsys, "--cancel")
+    assert code == 0 and "no SLURM jobs to cancel" in out and "re-run the grid to continue it: " in out, out
+    client, parents, cells = store(runs)
+    assert parents[0].info.status == "KILLED", parents[0].data.tags
+    assert parents[0].data.tags["interrupted"].startswith("cancelled (mesh-sweep --cancel): 0 finished, 1 interrupted")
+
+    assert run_sweep(args[0], args[1:]) == 0  # continues: the killed cell resumes, the other starts
+    assert "[mesh-train] resuming from" in capsys.readouterr().err
+    code, rows, out = status(args, capsys)
+    client, parents, cells = store(runs)
+    assert [p.info.status for p in parents] == ["FINISHED"] and sorted(cells) == ["base", "mesh"]
+    for scheme, run in cells.items():
+        result = json.loads((Path(run.data.tags["run_dir"]) / "result.json").read_text())
+        assert rows[f"scheme={scheme}"] == ["finished", "60", f"{result['val_loss']:.4f}"], out
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(60))
+    assert out.rstrip().endswith("2 cells: 2 finished"), out
+
+
+def test_status_cancel_and_detach_refuse_bad_requests_in_one_line(tmp_path, grid_cell_overrides, capsys):
+    runs = tmp_path / "runs"
+    args = ["schemes", "scheme=base,mesh", *grid_cell_overrides(), f"runs_dir={runs}"]
+    refusals = [
+        ([*args, "--status"], "error: no runs of this grid yet (2 cells, key schemes-"),
+        ([*args, "--cancel"], "error: no runs of this grid yet (2 cells, key schemes-"),
+        ([*args, "launcher=local", "--detach"], "error: --detach needs a grid on a batch scheduler (launcher=slurm)"),
+        (["search_lr", f"runs_dir={runs}", "--status"], "error: --status and --cancel are for grids; search_lr is"),
+        ([*args, "--detach", "--status"], "error: --detach and --status do not go together"),
+    ]
+    for arguments, message in refusals:
+        assert main(arguments) == 2, arguments
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(message), (arguments, err)
+    assert not runs.exists()
+
+
+def test_every_resources_option_composes_and_ddp_cpu_is_two_one_cpu_tasks(tmp_path, monkeypatch):
+    for option in group_options("resources", CONFIG_MODULE):
+        compose_launch([f"resources={option}"])  # validated
+    launch = compose_launch(["launcher=slurm", "resources=ddp_cpu"])
+    assert (launch.resources.tasks, launch.resources.cpus_per_task, launch.resources.gpus_per_node) == (2, 1, 0)
+    assert launch.launcher.cell_overrides(launch.resources) == [
+        "trainer.devices=2",
+        "trainer.num_nodes=1",
+        "trainer.strategy=ddp",
+    ]
+    cpu = compose_launch(["launcher=slurm"])
+    assert cpu.resources.tasks == 1 and cpu.launcher.cell_overrides(cpu.resources) == []
+    gpus = compose_launch(["launcher=slurm", "resources=gpu4"])
+    assert gpus.resources.tasks == 4 and gpus.launcher.cell_overrides(gpus.resources) == [
+        "trainer.devices=4",
+        "trainer.num_nodes=1",
+    ]
+    for bad, message in (
+        ("resources.tasks_per_node=0", "resources.tasks_per_node=0 is invalid: must be >= 1"),
+        ("resources.tasks_per_node=2", "resources.tasks_per_node=2 is invalid: must be gpus_per_node=4"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            compose_launch(["resources=gpu4", bad])
+    # submitit asks srun for the tasks (a stand-in srun lets it render the real sbatch file).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    script = launch.launcher.executor(tmp_path, launch.resources)._executor._make_submission_file_text("x", "uid")
+    assert "#SBATCH --ntasks-per-node=2" in script and "#SBATCH --cpus-per-task=1" in script
+
+
+def test_jobs_json_keeps_the_latest_job_of_each_cell_and_sacct_ranges_expand(tmp_path):
+    assert read_jobs(tmp_path) == {}
+    record_jobs(tmp_path, {0: "12_0", 1: "12_1"})
+    record_jobs(tmp_path, {1: "15"})  # a re-run resubmits the second cell alone
+    assert read_jobs(tmp_path) == {0: "12_0", 1: "15"}
+    assert array_tasks("12_[1-3,5]") == ["12_1", "12_2", "12_3", "12_5"] and array_tasks("12_[4%2]") == ["12_4"]
+    assert array_tasks("12_7") == ["12_7"] and array_tasks("13") == ["13"]
