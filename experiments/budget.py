@@ -52,7 +52,7 @@ class StepBudget:
         split = f" ({' x '.join(parts)})" if len(parts) > 1 else ""
         return (
             f"global batch {self.global_batch}{split} x {self.seq_len} tokens = {self.tokens_per_step:,} tokens/step; "
-            f"{self.max_steps:,} steps = {_tokens(self.total_tokens)} tokens; warmup {self.warmup_steps:,} steps"
+            f"{self.max_steps:,} steps = {tokens_text(self.total_tokens)} tokens; warmup {self.warmup_steps:,} steps"
         )
 
 
@@ -99,7 +99,8 @@ def step_budget(train: TrainConfig, processes: int | None) -> StepBudget:
     return StepBudget(data.batch_size, accumulate, processes, data.seq_len, max_steps, warmup)
 
 
-def _tokens(count: float) -> str:
+def tokens_text(count: float) -> str:
+    """``250.0B``, ``409.6k``: a token count as a reader takes it in."""
     for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if count >= size:
             return f"{count / size:.1f}{suffix}"

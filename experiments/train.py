@@ -204,6 +204,10 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_token
         "params_pct_of_vanilla": counts["pct_of_vanilla"],
         "flops_per_token": counts["flops_per_token"],
         "data_train_tokens": train_tokens,
+        # what a step and the run see (experiments/budget.py): sequences and tokens per optimizer step
+        "global_batch": plan.budget.global_batch,
+        "tokens_per_step": plan.budget.tokens_per_step,
+        "tokens_planned": plan.budget.total_tokens,
     }
     if model_config.moe is not None:  # what one token uses of a mixture of experts (dense runs: unchanged)
         metrics.update(

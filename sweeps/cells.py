@@ -47,8 +47,9 @@ class CellOutcome:
         timing = result.get("timing") or {}
         train_s = timing.get("steps_s", 0.0) + timing.get("between_steps_s", 0.0)
         steps = result.get("steps")
-        # Steps over this process's training time. ``steps`` is the global step: for a resumed run it
-        # counts the steps trained before the resume too (train() reports no count of its own).
+        # The steps this process trained over its training time (experiments/callbacks/timing.py);
+        # results of older versions have no such count: their global step over the time (which, for
+        # a resumed run, counts the steps trained before the resume too).
         steps_per_s = timing.get("steps_per_s") or (steps / train_s if steps and train_s > 0 else None)
         return cls(
             cell.index,

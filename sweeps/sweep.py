@@ -48,6 +48,7 @@ from typing import TextIO
 
 from omegaconf import OmegaConf
 
+from experiments.budget import tokens_text
 from experiments.compose import compose_config
 from experiments.console import quiet_libraries, script_command, take_verbose_flag, timestamp
 from experiments.overrides import OverrideError
@@ -92,10 +93,7 @@ def run_sweep(
         return run_search_sweep(name, base, cell_overrides, launch, dry_run, out, command)
     cells, plans = grid_cells(name, cell_overrides, launch)  # every cell checked before compute
     if dry_run:
-        print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
-        for cell, plan in zip(cells, plans, strict=True):
-            done = " [finished]" if plan.result_file.exists() else ""
-            print(f"  {cell.index + 1:3d}  {cell.label}{done}", file=out)
+        print_dry_run(name, cells, plans, out)
         return 0
 
     key = sweep_key(name, cells)
@@ -153,6 +151,23 @@ def run_sweep(
     table = summary_table(name, ordered)
     finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
     return exit_code(ordered, interrupted)
+
+
+def print_dry_run(name: str, cells: Sequence[Cell], plans: Sequence[RunPlan], out: TextIO) -> None:
+    """The grid's runs, then what each step and each run trains on (global batch, tokens per step,
+    steps, total tokens): once when every cell shares it, else after each cell."""
+    print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
+    budgets = [plan.budget.describe() for plan in plans]
+    shared = len(set(budgets)) == 1
+    for cell, plan, budget in zip(cells, plans, budgets, strict=True):
+        done = " [finished]" if plan.result_file.exists() else ""
+        print(f"  {cell.index + 1:3d}  {cell.label}{done}", file=out)
+        if not shared:
+            print(f"       {budget}", file=out)
+    if shared:
+        print(f"every run: {budgets[0]}", file=out)
+    total = sum(plan.budget.total_tokens for plan in plans)
+    print(f"the grid: {tokens_text(total)} tokens in {len(plans)} runs", file=out)
 
 
 def exit_code(outcomes: Sequence[CellOutcome], interrupted: bool) -> int:

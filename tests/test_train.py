@@ -108,6 +108,7 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path, tiny_overrides):
     assert metrics["params_non_embedding"] == counts["non_embedding"]
     assert metrics["params_router"] == counts["router"] == 2 * 4 * (64 * 6 + 6)
     assert metrics["params_pct_of_vanilla"] == pytest.approx(counts["pct_of_vanilla"])
+    assert (metrics["global_batch"], metrics["tokens_per_step"], metrics["tokens_planned"]) == (8, 8 * 64, 30 * 8 * 64)
     val = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
     assert [m.step for m in val] == [10, 20, 30]
     assert val[-1].value < val[0].value
@@ -129,7 +130,8 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path, tiny_overrides):
     assert all(timing[p] > 0 for p in parts), timing
     assert sum(timing[p] for p in parts) == pytest.approx(timing["total_s"], rel=1e-6)
     assert timing["total_s"] < wall
-    assert {p: metrics[f"time/{p}"] for p in (*parts, "total_s")} == pytest.approx(timing)
+    assert {p: metrics[f"time/{p}"] for p in (*parts, "total_s", "steps_per_s")} == pytest.approx(timing)
+    assert timing["steps_per_s"] == pytest.approx(30 / (timing["steps_s"] + timing["between_steps_s"]))
     # The same command again: the run is finished, nothing new starts.
     again = run_cli(*args)
     assert again.returncode == 0 and "already finished" in again.stderr
@@ -252,6 +254,10 @@ def test_resume_after_kill_continues_the_same_run(tmp_path, tiny_overrides):
     assert not list(tmp_path.glob("mesh/*/checkpoints/*.partial"))
     val = client.get_metric_history(run.info.run_id, "val/shakespeare/loss")
     assert sorted(m.step for m in val) == [50, 100, 150, 200]
+    # steps/s counts the steps this process trained, not the global step's 200.
+    timing = json.loads(next(tmp_path.glob("mesh/*/result.json")).read_text())["timing"]
+    trained = round(timing["steps_per_s"] * (timing["steps_s"] + timing["between_steps_s"]))
+    assert 0 < trained <= 200 - killed_at
 
 
 @pytest.mark.slow

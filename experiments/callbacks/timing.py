@@ -20,6 +20,9 @@ class RunTiming:
     validation_s: float = 0.0
     end_s: float = 0.0  # after the last batch: probes, final validation and checkpoint, MLflow close
     total_s: float = 0.0
+    # Optimizer steps trained in this process over steps_s + between_steps_s: a resumed run counts
+    # only the steps after its checkpoint (its global step counts the earlier ones too).
+    steps_per_s: float = 0.0
 
     def as_metrics(self) -> dict[str, float]:
         return {f"time/{key}": value for key, value in asdict(self).items()}
@@ -35,6 +38,8 @@ class RunTimer(pl.Callback):
         self._batch_end: float | None = None
         self._validation_start: float | None = None
         self._validation_since_batch = 0.0
+        self._first_step: int | None = None
+        self._last_step: int | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()
@@ -44,12 +49,15 @@ class RunTimer(pl.Callback):
             self.timing.between_steps_s += now - self._batch_end - self._validation_since_batch
         self._validation_since_batch = 0.0
         self._batch_start = now
+        if self._first_step is None:
+            self._first_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
         if self._batch_start is not None:
             self.timing.steps_s += now - self._batch_start
         self._batch_end = now
+        self._last_step = trainer.global_step
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._validation_start = time.perf_counter()
@@ -66,4 +74,7 @@ class RunTimer(pl.Callback):
         t = self.timing
         t.total_s = time.perf_counter() - self.started
         t.end_s = max(0.0, t.total_s - t.setup_s - t.steps_s - t.between_steps_s - t.validation_s)
+        trained = (self._last_step or 0) - (self._first_step or 0)
+        training_s = t.steps_s + t.between_steps_s
+        t.steps_per_s = trained / training_s if trained > 0 and training_s > 0 else 0.0
         return t
