@@ -39,6 +39,21 @@ class RunLock:
 
     FILE = ".lock"
 
+    @classmethod
+    def holder(cls, run_dir: Path) -> str | None:
+        """The PID of the process that holds ``run_dir``'s lock ("unknown" when it wrote none);
+        None when no process does."""
+        path = run_dir / cls.FILE
+        if not path.exists():
+            return None
+        with path.open() as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return handle.read().strip() or "unknown"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / self.FILE
         self._handle = None

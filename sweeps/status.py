@@ -30,7 +30,6 @@ no cell still runs; while one does, it names the PID that runs it and exits 1.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import sys
 import time
@@ -178,7 +177,7 @@ def _settle(s: CellState, client: Any, by: str, cancelled: Collection[str]) -> N
     """A RUNNING run whose job has ended, or whose process here is gone: close it, saying why.
     A process that holds the run's lock runs it, whatever an earlier job of the cell says."""
     at = f"at step {s.step}" if s.step is not None else "before its first step"
-    if holder := lock_holder(s.plan.run_dir):
+    if holder := RunLock.holder(s.plan.run_dir):
         s.state, s.note = "running", f"PID {holder}"
     elif s.job is not None and s.job_state is None:
         s.state, s.note = "running", "as MLflow says: SLURM does not answer here"
@@ -228,20 +227,6 @@ def _progress(client: Any, run: Any, plan: RunPlan) -> tuple[int | None, float |
     val = f"val/{plan.data.corpus}/loss"
     steps = [m.step for key in ("train/loss", val) for m in client.get_metric_history(run.info.run_id, key)]
     return max(steps, default=None), run.data.metrics.get(val)
-
-
-def lock_holder(run_dir: Path) -> str | None:
-    """The PID of the process that holds the run's lock (experiments/locks.py); None when none does."""
-    path = run_dir / RunLock.FILE
-    if not path.exists():
-        return None
-    with path.open() as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return handle.read().strip() or "unknown"
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return None
 
 
 def counts_line(states: Sequence[CellState]) -> str:

@@ -144,19 +144,3 @@ def tiny_run(tmp_path_factory, compose_run) -> TinyRun:
         result=result,
         steps=steps,
     )
-
-
-# Tests that mostly wait (SLURM's scheduling, requeue and a 1-minute time limit) start first, the
-# longest first: under xdist their waiting then overlaps the other tests' compute instead of
-# being the suite's tail.
-WAIT_FIRST = (
-    "test_slurm_cluster.py::test_a_cell_past_its_time_limit_is_requeued_and_finishes_later",
-    "test_slurm_cluster.py::",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        return next((i for i, prefix in enumerate(WAIT_FIRST) if prefix in item.nodeid), len(WAIT_FIRST))
-
-    items.sort(key=rank)  # stable: the order within each rank is pytest's

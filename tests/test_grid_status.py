@@ -84,7 +84,8 @@ def test_a_local_grid_killed_outright_is_seen_settled_cancelled_and_continued(tm
     code, rows, out = status(args, capsys)
     assert code == 0 and rows["scheme=mesh"][0] == "not started", out
     state, step, _, note = rows["scheme=base"]
-    assert state == "killed" and int(step) >= 10, out
+    # step10.ckpt is written when 10 steps are done: their last is logged at Lightning's step 9.
+    assert state == "killed" and int(step) >= 9, out
     assert note.startswith(f"its process is gone at step {step} (found by mesh-sweep --status)"), out
     assert out.rstrip().endswith("2 cells: 1 killed, 1 not started"), out
     client, parents, cells = store(runs)
