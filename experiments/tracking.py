@@ -345,17 +345,22 @@ class RunRecord:
 
     The run id is kept in ``<run_dir>/mlflow_run_id``, so a re-run of the same command resumes
     into the same MLflow run: it is set RUNNING again, the tags a previous stop left (``error``,
-    ``interrupted``, ``terminated``) are cleared, and :attr:`last_logged_step` tells the logger
-    which steps are already in the store, so a step redone after a crash is not logged twice.
+    ``interrupted``, ``terminated``) are cleared, and :attr:`last_logged_steps` tells the logger
+    which steps of each metric are already in the store, so a step redone after a crash is not
+    logged twice. Per metric: a validation logs at the optimizer step count (10 after 10 steps)
+    and training at Lightning's 0-based step (9), so a run stopped just after a validation has
+    logged ``val/...`` at a step whose ``train/loss`` is still to come.
     """
 
     ID_FILE = "mlflow_run_id"
 
-    def __init__(self, client: Any, run_id: str, is_new: bool, last_logged_step: int = -1) -> None:
+    def __init__(
+        self, client: Any, run_id: str, is_new: bool, last_logged_steps: Mapping[str, int] | None = None
+    ) -> None:
         self.client = client
         self.run_id = run_id
         self.is_new = is_new
-        self.last_logged_step = last_logged_step
+        self.last_logged_steps = dict(last_logged_steps or {})
 
     @classmethod
     def open(
@@ -396,8 +401,8 @@ class RunRecord:
                 "pass resume=false to train this run again from step 0 into a new MLflow run"
             )
         reopen_run(client, run_id, run.data.tags)
-        steps = [m.step for key in run.data.metrics for m in client.get_metric_history(run_id, key)]
-        return cls(client, run_id, is_new=False, last_logged_step=max(steps, default=-1))
+        last = {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in run.data.metrics}
+        return cls(client, run_id, is_new=False, last_logged_steps=last)
 
     def log_facts(
         self, params: Mapping[str, str], metrics: Mapping[str, float], artifacts: tuple[Path, ...] = ()

@@ -90,7 +90,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         if record is not None and record.is_new:
             record.log_facts(*_run_facts(plan, model_config, module.model, prepared.train_tokens, val_names))
         timer = RunTimer(started)
-        logged = record.last_logged_step if record is not None else -1
+        logged = record.last_logged_steps if record is not None else None
         trainer = build_trainer(plan, record and record.run_id, [timer, *run_callbacks(plan, val_names)], logged)
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
         if trainer.global_step % plan.config["val_every"] != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -59,25 +60,31 @@ def cluster_plugins() -> list:
 
 
 class ResumedMLFlowLogger(MLFlowLogger):
-    """MLFlowLogger that leaves out steps the MLflow run already holds: a run resumed from a
-    checkpoint older than its last logged step redoes those steps (with the same numbers: the
-    data order is restored) and must not log them a second time."""
+    """MLFlowLogger that leaves out, metric by metric, the steps the MLflow run already holds: a
+    run resumed from a checkpoint older than its last logged step redoes those steps (with the
+    same numbers: the data order is restored) and must not log them a second time."""
 
-    def __init__(self, *args: Any, last_logged_step: int = -1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, last_logged_steps: Mapping[str, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.last_logged_step = last_logged_step
+        self.last_logged_steps = dict(last_logged_steps or {})
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if step is not None and step <= self.last_logged_step:
-            return
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if step is not None and self.last_logged_steps:
+            metrics = {k: v for k, v in metrics.items() if step > self.last_logged_steps.get(k, -1)}
+            if not metrics:
+                return
         super().log_metrics(metrics, step)
 
 
 def build_trainer(
-    plan: RunPlan, run_id: str | None, callbacks: list[pl.Callback], last_logged_step: int = -1
+    plan: RunPlan,
+    run_id: str | None,
+    callbacks: list[pl.Callback],
+    last_logged_steps: Mapping[str, int] | None = None,
 ) -> pl.Trainer:
     """The Trainer of ``plan``, logging into MLflow run ``run_id`` (None on ranks other than 0:
-    Lightning's MLFlowLogger is a no-op there), from step ``last_logged_step`` + 1 on.
+    Lightning's MLFlowLogger is a no-op there); each metric from the step after the last one
+    ``last_logged_steps`` says the run holds.
 
     Lightning's start-up lines (``GPU available``, the litlogger tip, the ``srun`` hint) show only
     at ``log_level`` info or debug (``-v``)."""
@@ -86,7 +93,7 @@ def build_trainer(
         experiment_name=plan.experiment,
         tracking_uri=plan.tracking_uri,
         run_id=run_id,
-        last_logged_step=last_logged_step,
+        last_logged_steps=last_logged_steps,
     )
     return pl.Trainer(
         plugins=cluster_plugins(),

@@ -231,3 +231,36 @@ def test_a_store_whose_creation_hit_a_full_disk_is_rebuilt_on_the_next_start(tmp
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
         shutil.rmtree(disk, ignore_errors=True)
+
+
+def test_a_run_stopped_just_after_a_validation_logs_the_next_training_step_on_resume(tmp_path):
+    """Validation logs at the optimizer step count (20 after 20 steps), training at Lightning's
+    0-based step (19): stopped right after the validation of step 20, the store holds ``val`` at
+    20 and ``train/loss`` up to 19. The resumed run must log ``train/loss`` at 20 (the step it is
+    about to train) and not ``val`` at 20 again: what the store holds is read metric by metric."""
+    from experiments.tracking import RunRecord
+    from experiments.trainer import ResumedMLFlowLogger
+
+    uri, run_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    run_dir.mkdir()
+    first = RunRecord.open(uri, run_dir, "mesh", "stopped", {})
+    for step in range(20):
+        first.client.log_metric(first.run_id, "train/loss", 5.0 - step / 10, step=step)
+    first.client.log_metric(first.run_id, "val/shakespeare/loss", 4.0, step=20)
+    first.mark_killed("terminated", "SIGTERM at step 20")
+
+    resumed = RunRecord.open(uri, run_dir, "mesh", "stopped", {})
+    assert resumed.run_id == first.run_id
+    assert resumed.last_logged_steps == {"train/loss": 19, "val/shakespeare/loss": 20}
+    logger = ResumedMLFlowLogger(
+        experiment_name="mesh", tracking_uri=uri, run_id=resumed.run_id, last_logged_steps=resumed.last_logged_steps
+    )
+    logger.log_metrics({"train/loss": 2.5}, step=19)  # redone after an older checkpoint: already there
+    logger.log_metrics({"train/loss": 3.0, "val/shakespeare/loss": 4.0}, step=20)
+    logger.log_metrics({"val/shakespeare/loss": 3.5}, step=40)
+    history = {
+        k: [(m.step, m.value) for m in resumed.client.get_metric_history(resumed.run_id, k)] for k in HISTORIES[::2]
+    }
+    assert [s for s, _ in history["train/loss"]] == list(range(21))  # step 20 logged, 19 once
+    assert history["train/loss"][19][1] == pytest.approx(3.1) and history["train/loss"][20][1] == 3.0
+    assert history["val/shakespeare/loss"] == [(20, 4.0), (40, 3.5)]
