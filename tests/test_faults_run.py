@@ -233,7 +233,7 @@ def test_a_store_whose_creation_hit_a_full_disk_is_rebuilt_on_the_next_start(tmp
         shutil.rmtree(disk, ignore_errors=True)
 
 
-def test_a_run_stopped_just_after_a_validation_logs_the_next_training_step_on_resume(tmp_path):
+def test_a_run_stopped_just_after_a_validation_logs_the_next_training_step_on_resume(tmp_path, monkeypatch):
     """Validation logs at the optimizer step count (20 after 20 steps), training at Lightning's
     0-based step (19): stopped right after the validation of step 20, the store holds ``val`` at
     20 and ``train/loss`` up to 19. The resumed run must log ``train/loss`` at 20 (the step it is
@@ -243,6 +243,10 @@ def test_a_run_stopped_just_after_a_validation_logs_the_next_training_step_on_re
 
     uri, run_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     run_dir.mkdir()
+    # Lightning's MLFlowLogger sets mlflow's process-wide tracking URI (and $MLFLOW_TRACKING_URI):
+    # both are put back at the end, or the tests after this one would log into this store.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
     first = RunRecord.open(uri, run_dir, "mesh", "stopped", {})
     for step in range(20):
         first.client.log_metric(first.run_id, "train/loss", 5.0 - step / 10, step=step)
