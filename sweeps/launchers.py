@@ -403,7 +403,13 @@ class CellJob(submitit.helpers.Checkpointable):
     preemption) first stops training as SIGTERM does, at the end of the step with ``last.ckpt``
     saved (:func:`_usr2_stops_training_first`); then submitit's handler requeues the job. A stop
     SLURM made itself (``scontrol requeue``, ``scancel``, the time limit) propagates: the job is
-    requeued, or its state (CANCELLED, TIMEOUT) is what the sweep reports."""
+    requeued, or its state (CANCELLED, TIMEOUT) is what the sweep reports.
+
+    Once the cell has ended, USR2 is ignored for the rest of the job: the work is done and nothing
+    is left to save. Restored to submitit's handler, a warning that came while submitit wrote the
+    result would requeue a finished job; and Python resets its handlers to the default (terminate)
+    as the interpreter shuts down, so one that came then would end the job FAILED (exit 140)
+    after a successful run."""
 
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
         if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
@@ -422,7 +428,8 @@ def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
     the end of the step (``last.ckpt`` saved, the MLflow run KILLED with tag ``terminated``).
     Yields the call that then hands USR2 to submitit's handler (checkpoint, requeue, exit); it
     does nothing when no USR2 came. Before training has started (SIGTERM still submitit's) there
-    is nothing to save: USR2 goes to submitit at once."""
+    is nothing to save: USR2 goes to submitit at once. When the block ends without an exception
+    (the cell ran to its end) USR2 is ignored from then on; after one, submitit's handler is back."""
     usr2 = submitit.JobEnvironment._usr_sig()
     submitits = signal.getsignal(usr2)
     sigterm_before = signal.getsignal(signal.SIGTERM)
@@ -442,8 +449,10 @@ def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
     signal.signal(usr2, stop_training)
     try:
         yield hand_over
-    finally:
+    except BaseException:
         signal.signal(usr2, submitits)
+        raise
+    signal.signal(usr2, signal.SIG_IGN)
 
 
 def _job_outcome(job: Any, cell: Cell) -> CellOutcome:

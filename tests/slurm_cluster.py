@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SKIP_REASON = "no local SLURM cluster: start one with `make slurm` (root, Debian)"
 DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
 # What a job's allocations say in sacct: one row per allocation with -D (a requeued job has several).
-FIELDS = ("JobID", "JobIDRaw", "State", "Partition", "Timelimit", "ReqCPUS", "ReqMem", "Start", "End")
+FIELDS = ("JobID", "JobIDRaw", "State", "Partition", "Timelimit", "ReqCPUS", "ReqMem", "Start", "End", "ExitCode")
 UNSETTLED = {"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD"}
 
 

@@ -131,9 +131,11 @@ def assert_resumed(runs: Path, scheme: str, job: str, steps: int) -> None:
     ``train/loss`` holds every step once, in order."""
     outcome = summary(runs)[f"scheme={scheme}"]  # the sweep waited for the last allocation
     assert outcome["status"] == "FINISHED", outcome
-    states = [row["State"] for row in allocations(job)]
-    assert len(states) >= 2 and set(states[:-1]) == {"REQUEUED"} and states[-1] == "COMPLETED", states
+    rows = allocations(job)
+    states = [row["State"] for row in rows]
     log = (submitit_folder(runs) / f"{job}_0_log.err").read_text()
+    ended = [f"{row['State']} (exit {row['ExitCode']}, {row['Start']} to {row['End']})" for row in rows]
+    assert len(states) >= 2 and set(states[:-1]) == {"REQUEUED"} and states[-1] == "COMPLETED", (ended, log[-4000:])
     assert "[mesh-train] resuming from" in log and "last.ckpt" in log, log[-3000:]
     client, parents, cells = store(runs)
     assert [p.info.status for p in parents] == ["FINISHED"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import mlflow
 import optuna
 import pytest
+import submitit
 import torch
 from omegaconf import OmegaConf
 
@@ -20,7 +22,9 @@ from experiments.plan import plan_run
 from experiments.train import train
 from sweeps.grid import compose_launch, expand_cells
 from sweeps.grids import sweep_names
-from sweeps.launchers import SlurmLauncher
+from sweeps import launchers
+from sweeps.cells import FINISHED, Cell, CellOutcome
+from sweeps.launchers import CellJob, SlurmLauncher
 from sweeps.sweep import main, run_sweep
 
 # Every sweep file must appear here with its default grid: a new file without a test fails.
@@ -199,6 +203,41 @@ def test_slurm_launcher_without_slurm_says_so_in_one_line(capsys, tmp_path, monk
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: launcher=slurm needs SLURM (no srun on PATH)") and "\n" not in err
+
+
+@pytest.mark.parametrize("ends", ["finished", "stopped"])
+def test_a_slurm_cell_ignores_usr2_once_it_has_ended_and_hands_it_to_submitit_after_a_stop(ends, monkeypatch):
+    """SLURM's warning before the time limit (USR2) can come after a cell has finished: while
+    submitit writes the result, or while Python shuts down (it puts handlers back to the default,
+    terminate, so the job would end FAILED with exit 140, as seen on the local cluster). A cell
+    that ran to its end ignores it; after a stop (Ctrl-C, SIGTERM) submitit's handler is back."""
+    usr2 = submitit.JobEnvironment._usr_sig()
+    heard: list[int] = []
+
+    def submitits(signum, frame):  # stands for submitit's checkpoint-and-requeue handler
+        heard.append(signum)
+
+    def run_cell(cell, threads):
+        if ends == "stopped":
+            raise KeyboardInterrupt
+        return CellOutcome(cell.index, cell.overrides, FINISHED, cell.label, val_loss=1.0)
+
+    previous = signal.signal(usr2, submitits)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setattr(launchers, "run_cell", run_cell)
+    cell = Cell(0, ["scheme=base"], "scheme=base")
+    try:
+        if ends == "finished":
+            assert CellJob()(cell).status == FINISHED
+            assert signal.getsignal(usr2) is signal.SIG_IGN
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                CellJob()(cell)
+            assert signal.getsignal(usr2) is submitits
+        os.kill(os.getpid(), usr2)  # handled (or ignored) before the next bytecode
+        assert heard == ([] if ends == "finished" else [usr2])
+    finally:
+        signal.signal(usr2, previous)
 
 
 def client_for(runs_dir):
