@@ -20,10 +20,10 @@ from omegaconf import OmegaConf
 from experiments.compose import compose_config
 from experiments.plan import plan_run
 from experiments.train import train
-from sweeps.grid import compose_launch, expand_cells
-from sweeps.grids import sweep_names
 from sweeps import launchers
 from sweeps.cells import FINISHED, Cell, CellOutcome
+from sweeps.grid import compose_launch, expand_cells
+from sweeps.grids import sweep_names
 from sweeps.launchers import CellJob, SlurmLauncher
 from sweeps.sweep import main, run_sweep
 
