@@ -162,7 +162,7 @@ def check_memory(train: TrainConfig, model_config: ModelConfig, available: int |
         param_bytes=param_bytes,
         activation_checkpointing=train.activation_checkpointing,
         accelerator=on_gpu,
-        param_shards=_processes(trainer.devices, on_gpu) * max(trainer.num_nodes, 1) if sharded else 1,
+        param_shards=(known_processes(trainer) or 1) if sharded else 1,
     )
     # Only the launching process (global rank 0) refuses: the others start once it has allocated,
     # and a refusal on one rank alone would leave the rest waiting for it.
@@ -262,9 +262,7 @@ def known_processes(trainer: TrainerConfig) -> int | None:
     """Training processes over every node, or None where ``devices`` is ``auto`` (or -1) on a GPU
     run and no GPU is visible here (a login node) to count them."""
     on_gpu = runs_on_accelerator(trainer)
-    devices = trainer.devices
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
+    devices = _parsed_devices(trainer.devices)
     named = isinstance(devices, (list, tuple)) or (isinstance(devices, int) and devices > 0)
     if on_gpu and not named and not _cuda_available():
         return None
@@ -273,8 +271,7 @@ def known_processes(trainer: TrainerConfig) -> int | None:
 
 def _processes(devices: object, on_gpu: bool) -> int:
     """Training processes on one node: Lightning's ``devices`` (``auto`` or -1: every GPU, or 1 on a CPU)."""
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
+    devices = _parsed_devices(devices)
     if isinstance(devices, (list, tuple)):
         return max(len(devices), 1)
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
@@ -284,6 +281,13 @@ def _processes(devices: object, on_gpu: bool) -> int:
 
         return max(torch.cuda.device_count(), 1)
     return 1
+
+
+def _parsed_devices(devices: object) -> object:
+    """Lightning's ``devices`` with a number given as text (``"2"``, ``"-1"``) made an int."""
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        return int(devices)
+    return devices
 
 
 def _expected_vocab(train: TrainConfig) -> int | None:
