@@ -409,7 +409,9 @@ def test_a_detached_grid_is_followed_settled_cancelled_and_continued(cluster, tm
             finished.data.tags
         )
         assert [m.step for m in client.get_metric_history(finished.info.run_id, "train/loss")] == list(range(SHORT))
-        assert "last.ckpt" in (submitit_folder(runs) / f"{again[0]}_0_log.err").read_text()  # it resumed
+        # It resumed: from last.ckpt or step<N>.ckpt, whichever was written last before the kill.
+        resumed = (submitit_folder(runs) / f"{again[0]}_0_log.err").read_text()
+        assert re.search(r"\[mesh-train\] resuming from \S+/checkpoints/(last|step\d+)\.ckpt", resumed), resumed[-3000:]
     finally:  # nothing of this grid left on the cluster for the next test
         if jobs := read_jobs(next(runs.glob("schemes/sweeps/*"), tmp_path)):
             subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=30)
