@@ -38,7 +38,7 @@ test: setup data
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS) $(if $(FAST),-m "not slow")
 
 # The GPU tests (tests/gpu, left out of `make test`): the fused loss on CUDA against the chunked
-# one. Needs a CUDA build of torch (make setup TORCH=torch) and a GPU.
+# one, and the looped MoE's bf16 / compiled path. Needs a CUDA build of torch (make setup TORCH=torch) and a GPU.
 test-gpu: setup
 	$(PY) -m pip install -q -e ".[gpu]"
 	$(PY) -m pytest -q -n 0 tests/gpu
