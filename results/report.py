@@ -57,14 +57,17 @@ def build_report(
     write tables, figures and ``report.md`` into ``out_dir``; then (``publish_to_parents``) put the
     report on the MLflow parent run of every sweep whose cells it read (results/publish.py)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     client = collect.open_client(tracking_uri)
     frame = collect.collect_runs(client, experiments, filter_string)
+    where = ", ".join(experiments) or "the store"
     if frame.empty:
-        where = ", ".join(experiments) or "the store"
         raise collect.ResultsError(
             f"no runs in {where}" + (f" match --filter {filter_string!r}" if filter_string else "")
         )
+    if not (frame["status"] == "FINISHED").any():  # nothing to average: no report, no empty folder
+        states = ", ".join(f"{n} {s.lower()}" for s, n in frame["status"].value_counts().items())
+        raise collect.ResultsError(f"no finished run in {where} yet ({states}); a report needs one")
+    out.mkdir(parents=True, exist_ok=True)
     paper = load_paper_numbers(paper_file)
     prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
     try:

@@ -397,12 +397,27 @@ def test_cli_errors(tmp_path, synthetic, capsys):
     uri = f"sqlite:///{synthetic.parent / 'mlflow.db'}"
     assert main(["nope", "--tracking-uri", uri, "--out", str(tmp_path / "x")]) == 2
     assert "known: synthetic" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # a refused report leaves no folder behind
     assert main(["synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "x"), "--metric", "val/x/loss"]) == 2
     assert "val/pile/loss" in capsys.readouterr().err
     filtered = tmp_path / "tiny"
     assert main(["--filter", "tags.preset = 'tiny'", "--tracking-uri", uri, "--out", str(filtered)]) == 0
     table = pd.read_csv(filtered / "table.csv")
     assert list(table.preset) == ["tiny"]
+
+
+def test_a_grid_with_no_finished_run_yet_gets_no_report(tmp_path_factory, tmp_path, capsys):
+    """A grid that has only started (its runs running or failed) is refused in one line that
+    counts them, and writes no folder: an empty report would read as a result."""
+    _, uri, client, experiment_id = _store(tmp_path_factory, "started")
+    tags = {"preset": "tiny", "scheme": "base", "layout": "1+2R2+1", "compute_depth": "6"}
+    _log(client, experiment_id, tags, {"seed": 0}, {"val_loss": 4.0}, status="RUNNING")
+    _log(client, experiment_id, tags, {"seed": 1}, {}, status="FAILED")
+    out = tmp_path / "started"
+    assert main(["started", "--tracking-uri", uri, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: no finished run in started yet (1 running, 1 failed); a report needs one", err
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------- a real sweep

@@ -56,7 +56,7 @@ for stage in "${STAGES[@]}"; do
         if report "${grid%%:*}" "${grid##*:}"; then all+=("${grid##*:}"); else echo "run.sh: no ${grid%%:*} report (has its stage run?)" >&2; fi
       done
       report tiny-kjv schemes_kjv || echo "run.sh: no tiny-kjv report (has stage 1 run?)" >&2
-      report all "${all[@]}"
+      report all "$(IFS=,; echo "${all[*]}")"  # mesh-results takes the experiments comma-separated
       ;;
     *)
       echo "run.sh: stage '$stage' is unknown: use 1, 2, 3, 4, 5 or report" >&2
