@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
     try:
+        from results.publish import ARTIFACT_DIR
         from results.report import build_report
 
         uri = tracking_uri_for(args.tracking_uri, args.runs_dir)
@@ -69,7 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if output.published:
         ids = ", ".join(output.published)
-        print(f"[mesh-results] the table, the claims and the report are on the sweep's parent run in MLflow: {ids}")
+        if output.published_to == ARTIFACT_DIR:
+            print(f"[mesh-results] the table, the claims and the report are on the sweep's parent run in MLflow: {ids}")
+        else:  # a report over several experiments: beside each grid's own report
+            print(
+                f"[mesh-results] the report is in the artifacts of the sweeps' parent runs, {output.published_to}/: {ids}"
+            )
     for name, experiment_id in output.experiment_ids.items():
         print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id, output.view)}")
     return 0

@@ -4,12 +4,17 @@ The parent run's description (MLflow's run note, rendered as Markdown
 on the run page) becomes the results table and the verdicts on the paper's claims; the report
 folder (``report.md``, tables, ``claims.md``, figures) is logged as the parent's artifacts under
 ``report/``. A sweep's parent is found through its cell runs (tag ``mlflow.parentRunId``), so a
-report that reads only some of a grid's cells still lands on its parent, and a report over several
-grids lands on each of them. Re-running ``mesh-results`` replaces the note and the files.
+report that reads only some of a grid's cells still lands on its parent. Re-running
+``mesh-results`` replaces the note and the files.
+
+A report over several experiments (``mesh-results schemes,schemes_k3``) lands on each of their
+parents under ``reports/<label>/`` and leaves their notes and ``report/`` alone: a grid's parent
+keeps describing that grid, whatever combined reports it also took part in.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +24,7 @@ from experiments.tracking import TAG_VALUE_LIMIT as NOTE_LIMIT
 from experiments.tracking import fit_tag_value, set_run_description
 
 ARTIFACT_DIR = "report"
+SHARED_ARTIFACT_DIR = "reports"  # reports/<label>/: a report over several experiments
 PARENT_KIND = "sweep"  # the tag ``kind`` of a sweep's parent run (sweeps/sweep.py)
 
 
@@ -71,15 +77,25 @@ def _claims_summary(claims_md: str) -> str:
     return f"{body}\n\n{test}" if test else body
 
 
-def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: str) -> list[str]:
-    """Set each parent's note from ``out_dir``'s ``table.md`` and ``claims.md`` and log the folder
-    as its artifacts; returns the parents written."""
+def artifact_dir(label: str, shared: bool) -> str:
+    """Where a report goes in a parent's artifacts: ``report`` for the grid's own report, else
+    ``reports/<label>`` (the label made a safe folder name)."""
+    if not shared:
+        return ARTIFACT_DIR
+    return f"{SHARED_ARTIFACT_DIR}/{re.sub(r'[^A-Za-z0-9_.-]+', '_', label) or 'report'}"
+
+
+def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: str, shared: bool = False) -> list[str]:
+    """Log ``out_dir`` as each parent's artifacts (:func:`artifact_dir`) and, unless ``shared``
+    (the report spans several experiments), set each parent's note from its ``table.md`` and
+    ``claims.md``; returns the parents written."""
     table = (out_dir / "table.md").read_text() if (out_dir / "table.md").exists() else ""
     claims = (out_dir / "claims.md").read_text() if (out_dir / "claims.md").exists() else None
     note = report_note(label, table, claims)
     written = []
     for parent in parents:
-        set_run_description(client, parent, note)
-        client.log_artifacts(parent, str(out_dir), ARTIFACT_DIR)
+        if not shared:
+            set_run_description(client, parent, note)
+        client.log_artifacts(parent, str(out_dir), artifact_dir(label, shared))
         written.append(parent)
     return written

@@ -39,6 +39,7 @@ class Output:
     claims: Path | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
     published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
+    published_to: str = publish.ARTIFACT_DIR  # under which artifact folder of theirs
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
     view: str | None = None  # the key-metrics view written to those experiments (experiments.tracking)
 
@@ -118,7 +119,9 @@ def build_report(
         for experiment_id in output.experiment_ids.values():
             output.view = write_key_metrics_view(client, experiment_id, sets)
         parents = publish.sweep_parents(client, output.experiment_ids.values(), results.runs["run_id"])
-        output.published = publish.publish_report(client, parents, out, name)
+        shared = len(output.experiment_ids) > 1
+        output.published = publish.publish_report(client, parents, out, name, shared)
+        output.published_to = publish.artifact_dir(name, shared)
     return output
 
 

@@ -420,6 +420,47 @@ def test_a_grid_with_no_finished_run_yet_gets_no_report(tmp_path_factory, tmp_pa
     assert not out.exists()
 
 
+def test_a_report_over_two_grids_lands_beside_each_grids_own_report(tmp_path_factory, tmp_path, capsys):
+    """Each grid's parent run keeps its own report (note and ``report/``); a report over both
+    goes under ``reports/<label>/`` of each parent and changes neither note."""
+    root, uri, client, _ = _store(tmp_path_factory, "grid_a")
+    parents = {}
+    for experiment, seeds_ppl in (("grid_a", (50.0, 51.0)), ("grid_b", (40.0, 41.0))):
+        experiment_id = client.get_experiment_by_name(experiment)
+        experiment_id = experiment_id.experiment_id if experiment_id else client.create_experiment(experiment)
+        parents[experiment] = _log(client, experiment_id, {"kind": "sweep", "sweep": experiment}, {}, {})
+        for seed, ppl in enumerate(seeds_ppl):
+            tags = {"scheme": "base", "layout": "1+2R2+1", "preset": "tiny", "seed": str(seed), "buffer_slots": ""}
+            tags.update(
+                {"config_hash": f"{experiment}{seed}", "git_commit": "abc", "mlflow.parentRunId": parents[experiment]}
+            )
+            params = {"model": "tiny", "scheme": "base", "seed": seed, "data.corpus": "pile", "max_steps": 200}
+            _log(
+                client,
+                experiment_id,
+                tags,
+                params,
+                _cell_metrics("base", "tiny", ppl, None),
+                name=f"{experiment}-s{seed}",
+            )
+    for experiment in parents:
+        assert main([experiment, "--tracking-uri", uri, "--out", str(tmp_path / experiment)]) == 0
+    capsys.readouterr()
+    notes = {e: client.get_run(run).data.tags["mlflow.note.content"] for e, run in parents.items()}
+    assert all(f"mesh-results {e}`" in note for e, note in notes.items())
+    assert main(["grid_a,grid_b", "--tracking-uri", uri, "--out", str(tmp_path / "both")]) == 0
+    assert (
+        "the report is in the artifacts of the sweeps' parent runs, reports/grid_a-grid_b/" in capsys.readouterr().out
+    )
+    for experiment, run in parents.items():
+        assert client.get_run(run).data.tags["mlflow.note.content"] == notes[experiment]  # its own, still
+        own = {a.path for a in client.list_artifacts(run, "report")}
+        shared = {a.path for a in client.list_artifacts(run, "reports/grid_a-grid_b")}
+        assert "report/report.md" in own and "reports/grid_a-grid_b/report.md" in shared
+        own_table = Path(client.download_artifacts(run, "report/table.md", str(tmp_path / f"dl-{experiment}")))
+        assert own_table.read_text() == (tmp_path / experiment / "table.md").read_text()
+
+
 # ---------------------------------------------------------------- a real sweep
 
 
