@@ -89,13 +89,16 @@ def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: st
     """Log ``out_dir`` as each parent's artifacts (:func:`artifact_dir`) and, unless ``shared``
     (the report spans several experiments), set each parent's note from its ``table.md`` and
     ``claims.md``; returns the parents written."""
-    table = (out_dir / "table.md").read_text() if (out_dir / "table.md").exists() else ""
-    claims = (out_dir / "claims.md").read_text() if (out_dir / "claims.md").exists() else None
-    note = report_note(label, table, claims)
+    note = None
+    if not shared:
+        table = (out_dir / "table.md").read_text() if (out_dir / "table.md").exists() else ""
+        claims = (out_dir / "claims.md").read_text() if (out_dir / "claims.md").exists() else None
+        note = report_note(label, table, claims)
+    folder = artifact_dir(label, shared)
     written = []
     for parent in parents:
-        if not shared:
+        if note is not None:
             set_run_description(client, parent, note)
-        client.log_artifacts(parent, str(out_dir), artifact_dir(label, shared))
+        client.log_artifacts(parent, str(out_dir), folder)
         written.append(parent)
     return written

@@ -24,10 +24,10 @@ DEVICE = "cuda"
 
 
 @pytest.fixture(autouse=True)
-def cuda() -> None:
+def cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         pytest.fail("tests/gpu needs a CUDA device", pytrace=False)
-    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference means fp32
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32 here
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
