@@ -22,6 +22,7 @@ from typing import Any
 
 from experiments.console import script_command
 from experiments.locks import file_lock
+from experiments.store_template import copy_empty_store, forget_engine, forget_template
 
 DEFAULT_DB = "mlflow.db"
 # MLflow's per-request limits of log_batch.
@@ -65,6 +66,8 @@ def prepare_sqlite_store(uri: str) -> None:
 
 def _open_or_rebuild(uri: str, path: Path) -> None:
     existed = path.exists() and path.stat().st_size > 0
+    if not existed and _open_copied_empty_store(uri, path):
+        return
     try:
         _open_store(uri)
         return
@@ -82,32 +85,35 @@ def _open_or_rebuild(uri: str, path: Path) -> None:
         f"[mesh] the MLflow store {path} was incomplete ({reason}); moved to {aside.name}, created anew",
         file=sys.stderr,
     )
-    _forget_engine(uri)
+    forget_engine(uri)
+    if _open_copied_empty_store(uri, path):
+        return
     try:
         _open_store(uri)
     except Exception as error:
         raise TrackingError(f"the MLflow store {path} could not be created ({_first_line(error)})") from None
 
 
+def _open_copied_empty_store(uri: str, path: Path) -> bool:
+    """A new store from the empty one made once (:mod:`experiments.store_template`); a copy that does
+    not open is removed with its template, and the store is made the slow way."""
+    if not copy_empty_store(path):
+        return False
+    try:
+        _open_store(uri)
+        return True
+    except Exception:
+        forget_engine(uri)
+        forget_template()
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return False
+
+
 def _open_store(uri: str) -> None:
     import mlflow
 
     mlflow.MlflowClient(uri).search_experiments(max_results=1)
-
-
-def _forget_engine(uri: str) -> None:
-    """MLflow keeps one store and one SQLAlchemy engine per URI for the life of the process; their
-    pooled connections still point at the file just moved aside."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
-
-    cached = getattr(_tracking_store_registry._get_store_with_resolved_uri, "cache_clear", None)
-    if cached is not None:
-        cached()
-    engines = getattr(SqlAlchemyStore, "_engine_map", {})
-    engine = engines.pop(uri, None)
-    if engine is not None:
-        engine.dispose()
 
 
 def _first_line(error: BaseException) -> str:
