@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from experiments.data.cache import cache_root
 from mesh_model.__main__ import main
 from mesh_model.cli_text import plain
 
@@ -128,20 +129,27 @@ def test_override_arguments_skip_flag_values():
 @pytest.mark.slow
 def test_a_training_run_is_quiet_by_default_and_chatty_with_v(tmp_path, tiny_overrides):
     """The start-up lines of Lightning and MLflow stay out; -v lets them in. A fake srun on PATH
-    stands for a machine with SLURM installed (Lightning's srun hint)."""
+    stands for a machine with SLURM installed (Lightning's srun hint). Each run has an empty cache
+    (its data read from the usual one), so MLflow makes the empty store that new stores are copied
+    from (experiments/store_template.py), and says so under -v."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "srun").write_text("#!/bin/sh\nexit 0\n")
     (fake_bin / "srun").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("MESH_LOG_LEVEL", "MLFLOW_LOGGING_LEVEL")}
     env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
-    run = tiny_overrides("max_steps=2", "val_every=2", "checkpoint_every=2", "probes.enabled=false")
-    quiet = _cli("mesh-train", *run, f"runs_dir={tmp_path / 'quiet'}", env=env)
+    data = f"data.cache_dir={cache_root()}"
+    run = tiny_overrides("max_steps=2", "val_every=2", "checkpoint_every=2", "probes.enabled=false", data)
+    quiet = _cli(
+        "mesh-train", *run, f"runs_dir={tmp_path / 'quiet'}", env={**env, "MESH_CACHE_DIR": str(tmp_path / "c1")}
+    )
     assert quiet.returncode == 0, quiet.stderr
     output = quiet.stdout + quiet.stderr
     assert [n for n in NOISE if n in output] == [], output
     assert "[mesh-train] val loss" in quiet.stdout
-    chatty = _cli("mesh-train", "-v", *run, f"runs_dir={tmp_path / 'chatty'}", env=env)
+    chatty = _cli(
+        "mesh-train", "-v", *run, f"runs_dir={tmp_path / 'chatty'}", env={**env, "MESH_CACHE_DIR": str(tmp_path / "c2")}
+    )
     assert chatty.returncode == 0, chatty.stderr
     output = chatty.stdout + chatty.stderr
     assert [n for n in NOISE if n not in output] == [], output
