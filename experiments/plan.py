@@ -17,6 +17,7 @@ from experiments.budget import StepBudget, step_budget
 from experiments.config import OptimConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
 from experiments.data.corpora import check_text_files
+from experiments.data.indexed import check_indexed
 from experiments.identity import config_hash, model_config_for, run_key, run_key_suffix
 from experiments.store_check import check_runs_dir, check_tracking_uri
 from experiments.tracking import resolve_tracking_uri
@@ -104,6 +105,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         raise InputError(str(error)) from None
     if train.data.corpus == "text":
         check_text_files(train.data.path or "")
+    if train.data.corpus == "indexed":
+        check_indexed(train.data.path or "")
     check_runs_dir(train.runs_dir)
     runs_dir = Path(train.runs_dir).expanduser().resolve()
     tracking_uri = resolve_tracking_uri(train.tracking.tracking_uri, runs_dir, os.environ)

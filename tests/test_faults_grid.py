@@ -249,6 +249,7 @@ BAD_INPUTS = [
     (["seeds=0"], "seeds='0' is invalid: seeds must be >= 1 or a list of seeds"),
     (["seeds=abc"], "seeds='abc' is invalid: seeds must be >= 1 or a list of seeds"),
     (["resources.cpus_per_task=0"], "resources.cpus_per_task=0 is invalid: must be >= 1"),
+    (["data=indexed", "data.path=/no/pile_text_document"], "data.path='/no/pile_text_document' is invalid: "),
 ]
 
 

@@ -94,6 +94,9 @@ def binary_file(tmp: Path) -> Path:
         (["tracking.tracking_uri=sqlite:///{tmp}/notadb.db"], "is not a SQLite database"),
         (["runs_dir={tmp}/afile"], "runs_dir="),
         (["data=text", "data.path={tmp}/weights.bin"], "data.path="),
+        (["data=indexed", "data.path={tmp}/nope"], "nope.bin and nope.idx not found; give the prefix of a Megatron"),
+        (["data=indexed", "data.path={tmp}/weights"], "weights.idx not found"),
+        (["data=indexed", "data.path={tmp}/notadb"], "notadb.idx is not a Megatron MMapIndexedDataset index"),
         (["layout=1+2R1000+1", "scheme=mesh"], "layout=1+2R1000+1: the training step needs about"),
     ],
 )
@@ -101,6 +104,8 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
     binary_file(tmp_path)
     (tmp_path / "afile").write_text("not a folder")
     (tmp_path / "notadb.db").write_text("plain text, not a database")
+    for suffix in ("bin", "idx"):  # a .bin/.idx pair that is not an indexed dataset
+        (tmp_path / f"notadb.{suffix}").write_text("plain text")
     runs_dir = tmp_path / "runs"
     args = [o.format(tmp=tmp_path) for o in overrides]
     if not any(a.startswith("runs_dir=") for a in args):

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.data.cache import atomic_path
+from mesh_model.errors import ConfigError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -80,6 +81,19 @@ def write_indexed(
         f.write(pointers.tobytes())
         f.write(doc_idx.tobytes())
     return bin_path, idx_path
+
+
+def check_indexed(prefix: str) -> None:
+    """Refuse, in one line, a ``data.path`` that is not the prefix of a readable ``.bin``/``.idx``
+    pair: checked when a run (or every cell of a grid) is planned, before anything starts."""
+    allowed = "give the prefix of a Megatron .bin/.idx pair (data.path=DIR/NAME for DIR/NAME.bin and DIR/NAME.idx)"
+    try:
+        IndexedDataset(prefix)
+    except FileNotFoundError:
+        missing = [p.name for p in _paths(prefix) if not p.is_file()]
+        raise ConfigError("data.path", prefix, f"{' and '.join(missing)} not found; {allowed}") from None
+    except (OSError, ValueError) as error:
+        raise ConfigError("data.path", prefix, f"{str(error).splitlines()[0]}; {allowed}") from None
 
 
 class IndexedDataset:
