@@ -288,7 +288,9 @@ def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome]
 def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
     """Make the cell's MLflow run agree with its outcome when the cell's process could not close
     it (a worker killed by a signal leaves it RUNNING): FAILED with the ``error`` tag, or KILLED
-    with the ``interrupted`` tag. A run its process closed is left as it is."""
+    with the ``interrupted`` tag. A run its process closed is left as it is; one stopped on
+    purpose elsewhere (KILLED with ``interrupted``: ``mesh-sweep --cancel`` from another terminal
+    while this sweep waits on SLURM) makes a failed outcome (its job "died") an interrupted one."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -300,7 +302,11 @@ def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
     outcome.run_dir = outcome.run_dir or str(run_dir)
     client = mlflow.MlflowClient(tracking_uri)
     try:
-        if client.get_run(run_id).info.status != "RUNNING":
+        run = client.get_run(run_id)
+        if run.info.status != "RUNNING":
+            stopped = run.data.tags.get("interrupted")
+            if outcome.status == FAILED and run.info.status == "KILLED" and stopped:
+                outcome.status, outcome.error = INTERRUPTED, stopped
             return
         if outcome.status == FAILED:
             terminate_run(client, run_id, "FAILED", "error", outcome.error or "failed")

@@ -167,3 +167,52 @@ def test_jobs_json_keeps_the_latest_job_of_each_cell_and_sacct_ranges_expand(tmp
     assert read_jobs(tmp_path) == {0: "12_0", 1: "15"}
     assert array_tasks("12_[1-3,5]") == ["12_1", "12_2", "12_3", "12_5"] and array_tasks("12_[4%2]") == ["12_4"]
     assert array_tasks("12_7") == ["12_7"] and array_tasks("13") == ["13"]
+
+
+def test_a_cell_cancelled_from_another_terminal_counts_as_stopped_for_the_sweep_that_waits(tmp_path):
+    """``mesh-sweep --cancel`` closes a cell's run KILLED (tag ``interrupted``) while the attached
+    sweep still waits on SLURM; the sweep then collects a job that "died". Its outcome takes the
+    run's word, so the parent ends KILLED (stopped, re-run to resume), not FAILED; a run its own
+    process closed FAILED, and one left RUNNING, are a failure as before."""
+    from sweeps.cells import FAILED, INTERRUPTED, Cell, CellOutcome
+    from sweeps.parent import ParentRun
+    from sweeps.sweep import settle_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("schemes", artifact_location=(tmp_path / "artifacts").as_uri())
+    cancelled = "cancelled (mesh-sweep --cancel), SLURM job 7_1 at step 12; re-run the grid to resume"
+
+    def cell_run(name: str, status: str | None, tags: dict[str, str]) -> Path:
+        run_id = client.create_run(experiment, tags=tags, run_name=name).info.run_id
+        if status is not None:
+            client.set_terminated(run_id, status)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mlflow_run_id").write_text(run_id)
+        return tmp_path / name
+
+    died = "worker died (job 7_1 ended without a result, state CANCELLED)"
+    runs = {
+        "cancelled": cell_run("cancelled", "KILLED", {"interrupted": cancelled}),
+        "failed": cell_run("failed", "FAILED", {"error": "RuntimeError: boom"}),
+        "running": cell_run("running", None, {}),
+    }
+    outcomes = {name: CellOutcome.failed(Cell(i, [], f"scheme={name}"), died) for i, name in enumerate(runs)}
+    for name, run_dir in runs.items():
+        settle_run(uri, run_dir, outcomes[name])
+
+    assert (outcomes["cancelled"].status, outcomes["cancelled"].error) == (INTERRUPTED, cancelled)
+    assert [outcomes[n].status for n in ("failed", "running")] == [FAILED, FAILED]
+    status = {n: client.get_run((d / "mlflow_run_id").read_text()) for n, d in runs.items()}
+    assert {n: r.info.status for n, r in status.items()} == {
+        "cancelled": "KILLED",
+        "failed": "FAILED",
+        "running": "FAILED",
+    }
+    assert status["running"].data.tags["error"] == died
+
+    parent_id = client.create_run(experiment, run_name="sweep:x").info.run_id
+    parent = ParentRun(tracking_uri=uri, run_id=parent_id, experiment_id=experiment, client=client)
+    parent.close([outcomes["cancelled"]], total=1)
+    closed = client.get_run(parent_id)
+    assert closed.info.status == "KILLED" and "re-run the grid to resume" in closed.data.tags["interrupted"]
