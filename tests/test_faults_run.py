@@ -10,6 +10,7 @@ same run left uninterrupted, with no step logged twice.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -129,6 +130,9 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tm
     assert f"[mesh-train] resuming from {last.parent / 'step20.ckpt'}" in again.stderr.splitlines()
     assert "not resumable" not in again.stderr
     assert_same_as_uninterrupted(tmp_path, uninterrupted)
+    # steps/s counts the steps this process trained (those after step 20), not the global step's 40.
+    timing = json.loads((run_dir(tmp_path) / "result.json").read_text())["timing"]
+    assert 0 < round(timing["steps_per_s"] * (timing["steps_s"] + timing["between_steps_s"])) <= 20
 
 
 def test_kill_9_before_the_first_checkpoint_restarts_without_logging_twice(tmp_path, uninterrupted):
