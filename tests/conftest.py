@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Sequence
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,3 +149,48 @@ def tiny_run(tmp_path_factory, compose_run) -> TinyRun:
         result=result,
         steps=steps,
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory) -> Iterator[str]:
+    """The URI of a real ``mlflow server`` on 127.0.0.1 (sqlite backend, proxied artifacts), started
+    once per session (per xdist worker); tests that log to it use an experiment of their own."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port := free_port()),
+        ]
+        + ["--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'server.db'}"]
+        + ["--artifacts-destination", str(root / "server-artifacts")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=root,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=1) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            os.killpg(server.pid, signal.SIGKILL)
+            pytest.fail("mlflow server did not answer within 90 s")
+        time.sleep(0.5)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import shutil
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -311,12 +308,6 @@ def test_store_checks_answer_in_one_line(tmp_path):
         check_runs_dir(tmp_path / "afile")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class HealthOnly(http.server.BaseHTTPRequestHandler):
     """A web server that answers /health like MLflow does, and nothing else."""
 
@@ -349,32 +340,11 @@ def test_a_server_that_answers_health_but_is_not_mlflow_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_real_mlflow_server_passes_the_check(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db"]
-        + ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{uri}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
-                time.sleep(0.5)
-        check_tracking_uri(uri)
-        check_tracking_uri(f"{uri}/")
-        plan = plan_run(compose_config(["model=tiny", f"tracking.tracking_uri={uri}", f"runs_dir={tmp_path}"]))
-        assert plan.tracking_uri == uri
-        with pytest.raises(TrackingError, match="answers but is not an MLflow tracking server"):
-            check_tracking_uri(f"{uri}/not-here")
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-    shutil.rmtree(tmp_path / "mlartifacts", ignore_errors=True)
+def test_a_real_mlflow_server_passes_the_check(tmp_path, mlflow_server):
+    uri = mlflow_server
+    check_tracking_uri(uri)
+    check_tracking_uri(f"{uri}/")
+    plan = plan_run(compose_config(["model=tiny", f"tracking.tracking_uri={uri}", f"runs_dir={tmp_path}"]))
+    assert plan.tracking_uri == uri
+    with pytest.raises(TrackingError, match="answers but is not an MLflow tracking server"):
+        check_tracking_uri(f"{uri}/not-here")

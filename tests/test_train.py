@@ -5,12 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -153,57 +150,12 @@ def test_the_mlflow_run_is_named_by_what_differs_and_logs_each_param_once(tiny_r
     assert params["buffer_slots"] == "None" and params["val_names"] == "['shakespeare']"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "server-artifacts"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=1) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        os.killpg(server.pid, signal.SIGKILL)
-        pytest.fail("mlflow server did not answer within 90 s")
-    yield uri
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=30)
-
-
 @pytest.mark.slow
 def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compose_run):
-    cfg = compose_run(f"runs_dir={tmp_path / 'runs'}", f"tracking.tracking_uri={mlflow_server}", "scheme=anchor")
-    result = train(cfg)
+    server = [f"tracking.tracking_uri={mlflow_server}", "tracking.experiment=through_a_server"]
+    result = train(compose_run(f"runs_dir={tmp_path / 'runs'}", *server, "scheme=anchor"))
     client = mlflow.MlflowClient(mlflow_server)
-    (run,) = runs_of(client)
+    (run,) = runs_of(client, "through_a_server")
     assert run.info.run_id == result["run_id"] and run.info.status == "FINISHED"
     assert run.data.params["scheme"] == "anchor"
     assert run.data.metrics["val/shakespeare/loss"] == pytest.approx(result["val_loss"])
