@@ -1,7 +1,8 @@
 """A new sqlite MLflow store, copied from an empty one that MLflow made once per MLflow version;
 and :func:`forget_engine`, for a store file that was made or moved aside under a cached engine.
 
-MLflow creates a sqlite store by running all its schema migrations: 3 to 7 s of CPU, which every
+MLflow creates a sqlite store by running all its schema migrations (about 1.2 s more than opening
+a copy, benchmarks/store_creation.py; several seconds on a loaded machine), which every
 fresh ``runs_dir`` (a new grid, a test) paid. The empty store is made once by MLflow itself, under
 the cache root (``$MESH_CACHE_DIR``, else ``~/.cache/mesh-recursive``), and copied. It holds the
 tables at MLflow's head revision and no experiment: the ``Default`` experiment, whose artifact
