@@ -33,6 +33,7 @@ RUN_INVARIANT_KEYS = (
     "search",
     "data.num_workers",
     "data.cache_dir",
+    "data.check_path",  # only whether data.path is checked before the run starts
     "compile",  # the same math, traced into one graph
     "activation_checkpointing",  # the same math, recomputed in backward
     "allow_large",  # only whether the memory check may stop the run

@@ -103,9 +103,9 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         loss_backend("cuda" if runs_on_accelerator(train.trainer) else "cpu")
     except ConfigError as error:
         raise InputError(str(error)) from None
-    if train.data.corpus == "text":
+    if train.data.check_path and train.data.corpus == "text":
         check_text_files(train.data.path or "")
-    if train.data.corpus == "indexed":
+    if train.data.check_path and train.data.corpus == "indexed":
         check_indexed(train.data.path or "")
     check_runs_dir(train.runs_dir)
     runs_dir = Path(train.runs_dir).expanduser().resolve()

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
 from experiments.data.corpora import check_text_files
+from experiments.identity import config_hash
 from experiments.plan import InputError, check_memory, plan_run
 from experiments.store_check import check_runs_dir, check_tracking_uri
 from experiments.tracking import TrackingError
@@ -113,6 +114,19 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
         assert "driver" in line or "does not answer" in line
     if "1+2R1000+1" in field:
         assert "MeSH coefficients" in line and "allow_large=true" in line
+
+
+def test_check_path_false_leaves_data_path_to_the_job_and_keeps_the_run_identity(tmp_path):
+    """Data staged to a node's local disk exists only where the job runs: ``data.check_path=false``
+    plans the run without looking, and is not part of what the run is (its hash)."""
+    missing = ["data=indexed", f"data.path={tmp_path}/only-on-the-node", f"runs_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match="only-on-the-node.bin and only-on-the-node.idx not found"):
+        plan_run(compose_config(["model=tiny", *missing]))
+    unchecked = compose_config(["model=tiny", *missing, "data.check_path=false"])
+    plan = plan_run(unchecked.copy())
+    checked = compose_config(["model=tiny", *missing])
+    assert config_hash(unchecked, plan.model_config) == config_hash(checked, plan.model_config)
+    assert unchecked.data.check_path is False and checked.data.check_path is True
 
 
 @pytest.mark.parametrize(

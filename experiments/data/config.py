@@ -36,6 +36,9 @@ class DataConfig:
     extra_val: list[str] = field(default_factory=list)
     num_workers: int = 0
     cache_dir: str | None = None
+    # Check data.path (text, indexed) when the run or grid is planned, on the machine that plans it;
+    # false for data that only exists where the job runs (staged to a node's local disk).
+    check_path: bool = True
 
     def validate(self) -> None:
         """Raise a one-line ``ConfigError`` (a ValueError) for the first bad field."""
