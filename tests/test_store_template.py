@@ -21,9 +21,12 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache"
 
 
-def schema(db: Path) -> set[tuple[str, str]]:
+def schema(db: Path) -> dict[str, list[str]]:
+    """Each table's and index's definition as its sorted lines: MLflow's own migrations write a
+    table's constraints in a different order from one creation to the next (a set's order)."""
     with sqlite3.connect(db) as connection:
-        return set(connection.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+        found = connection.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+        return {name: sorted(line.strip().rstrip(",") for line in (sql or "").splitlines()) for name, sql in found}
 
 
 def rows(db: Path, query: str) -> list[tuple]:
