@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,8 +73,7 @@ def main() -> None:
         rounds=args.rounds,
     )
     ratio = paired_ratio(times["template"], times["mlflow"])
-    median = sorted(times["mlflow"])[len(times["mlflow"]) // 2]
-    ours = sorted(times["template"])[len(times["template"]) // 2]
+    median, ours = statistics.median(times["mlflow"]), statistics.median(times["template"])
     print(f"MLflow {mlflow.__version__}, template {template_path().stat().st_size / 1e6:.2f} MB; load {load_average()}")
     print(f"first store (makes the template, then copies it): {first:.2f} s")
     print(

@@ -25,6 +25,8 @@ from experiments.locks import file_lock
 from experiments.store_template import copy_empty_store, forget_engine, forget_template
 
 DEFAULT_DB = "mlflow.db"
+# A sqlite database's files: the database, and its rollback journal or WAL and shared memory.
+SQLITE_FILE_SUFFIXES = ("", "-journal", "-wal", "-shm")
 # MLflow's per-request limits of log_batch.
 METRICS_PER_BATCH = 1000
 PARAMS_PER_BATCH = 100
@@ -78,7 +80,7 @@ def _open_or_rebuild(uri: str, path: Path) -> None:
         if _count_runs(path) > 0:
             raise TrackingError(f"the MLflow store {path} holds runs but cannot be opened ({reason})") from None
     aside = path.with_name(f"{path.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
-    for suffix in ("", "-journal", "-wal", "-shm"):
+    for suffix in SQLITE_FILE_SUFFIXES:
         if Path(f"{path}{suffix}").exists():
             os.replace(f"{path}{suffix}", f"{aside}{suffix}")
     print(
@@ -105,7 +107,7 @@ def _open_copied_empty_store(uri: str, path: Path) -> bool:
     except Exception:
         forget_engine(uri)
         forget_template()
-        for suffix in ("", "-journal", "-wal", "-shm"):
+        for suffix in SQLITE_FILE_SUFFIXES:
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return False
 
