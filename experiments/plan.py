@@ -35,6 +35,19 @@ class InputError(ValueError):
     """Bad user input found before any compute; the message is one line."""
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """The memory a run's processes on one node may use where the run will execute, when that is
+    not this machine (a batch job's node seen from a login node): ``free`` bytes, or None when it
+    cannot be known from here (a GPU node's memory) and nothing is refused; ``where`` ends the
+    refusal's line (`` per node (resources.mem_gb=16 GiB)``) and ``raise_with`` names the setting
+    that asks for more."""
+
+    free: float | None
+    where: str
+    raise_with: str | None = None
+
+
 @dataclass
 class RunPlan:
     """A checked run: its resolved config, model, store and identity."""
@@ -70,10 +83,11 @@ class RunPlan:
         return self.config["tracking"]["experiment"]
 
 
-def plan_run(cfg: DictConfig) -> RunPlan:
+def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     """Validate every input (each dataclass's ``validate()``, once, the model, the step's memory,
     the user's data files, ``runs_dir`` and the store) and decide the run's identity; touches no
-    model or data, creates nothing."""
+    model or data, creates nothing. The step's memory is checked against ``memory`` where the run
+    executes elsewhere (a SLURM job), else against this machine's."""
     config = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(config, dict)
     train: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
@@ -98,7 +112,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         )
     from mesh_model.loss import loss_backend
 
-    memory = check_memory(train, model_config)
+    estimate = check_memory(train, model_config, memory)
     try:  # $MESH_LOSS_BACKEND, checked here rather than at the first step
         loss_backend("cuda" if runs_on_accelerator(train.trainer) else "cpu")
     except ConfigError as error:
@@ -122,7 +136,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         tracking_uri=tracking_uri,
         config_hash=digest,
         run_dir=run_dir_for(runs_dir / train.tracking.experiment, model_config, train.seed, digest),
-        memory=memory,
+        memory=estimate,
         budget=budget,
         alone=runs_on_accelerator(train.trainer)
         or _processes(train.trainer.devices, False) > 1
@@ -142,12 +156,15 @@ def run_dir_for(experiment_dir: Path, model_config: ModelConfig, seed: int, dige
     return earlier[0] if earlier else folder
 
 
-def check_memory(train: TrainConfig, model_config: ModelConfig, available: int | None = None) -> MemoryEstimate:
+def check_memory(
+    train: TrainConfig, model_config: ModelConfig, available: int | MemoryLimit | None = None
+) -> MemoryEstimate:
     """Refuse (one line) a run whose training step is estimated to need more memory than the
     machine has free (``mesh_model.accounting.estimate_step_memory``), unless ``allow_large``.
 
-    ``available`` defaults to :func:`available_memory`; where it is unknown (no CUDA on a GPU
-    run, MPS, TPU) nothing is refused. CPU processes of one node (``trainer=ddp_cpu``) share the RAM.
+    ``available`` (bytes, or a :class:`MemoryLimit` of the node the run will execute on) defaults
+    to :func:`available_memory`; where it is unknown (no CUDA on a GPU run, MPS, TPU) nothing is
+    refused. CPU processes of one node (``trainer=ddp_cpu``) share the RAM.
     """
     from mesh_model.accounting import GB, estimate_step_memory
 
@@ -171,7 +188,12 @@ def check_memory(train: TrainConfig, model_config: ModelConfig, available: int |
     # and a refusal on one rank alone would leave the rest waiting for it.
     if train.allow_large or launched_rank() != 0:
         return estimate
-    found = available_memory("gpu" if on_gpu else trainer.accelerator) if available is None else (available, "")
+    if available is None:
+        found = available_memory("gpu" if on_gpu else trainer.accelerator)
+    elif isinstance(available, MemoryLimit):
+        found = None if available.free is None else (available.free, available.where)
+    else:
+        found = (available, "")
     if found is None:
         return estimate
     free, where = found
@@ -182,6 +204,8 @@ def check_memory(train: TrainConfig, model_config: ModelConfig, available: int |
     fixes = "lower K, batch or seq_len" + (
         "" if train.activation_checkpointing else ", use activation_checkpointing=true"
     )
+    if isinstance(available, MemoryLimit) and available.raise_with:
+        fixes = f"raise {available.raise_with}, {fixes}"
     raise InputError(
         f"layout={model_config.layout}: the training step needs about {per}{estimate.describe()} but "
         f"{free / GB:.1f} GB are available{where}; {fixes}, or pass allow_large=true"

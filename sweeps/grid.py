@@ -140,7 +140,11 @@ def grid_cells(name: str, cell_overrides: Sequence[str], launch: LaunchConfig) -
     cells = expand_cells(name, cell_overrides, launch.seeds)
     if extra := launch.launcher.cell_overrides(launch.resources):
         cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
-    return cells, [plan_run(compose_config(c.overrides)) for c in cells]
+    memory = launch.launcher.memory_limit(launch.resources)
+    plans = [plan_run(compose_config(c.overrides), memory) for c in cells]
+    for plan in plans:
+        launch.launcher.check_trainer(plan.trainer, launch.resources)
+    return cells, plans
 
 
 def sweep_dir_for(plan: RunPlan, key: str) -> Path:

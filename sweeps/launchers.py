@@ -34,7 +34,8 @@ from sweeps.jobs import record_jobs
 from sweeps.packing import GB, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
-    from experiments.plan import RunPlan
+    from experiments.config import TrainerConfig
+    from experiments.plan import MemoryLimit, RunPlan
     from sweeps.config import ResourcesConfig
 
 
@@ -78,6 +79,14 @@ class Launcher:
     def cell_overrides(self, resources: ResourcesConfig) -> list[str]:
         """Overrides every cell needs to use what ``resources`` asks for."""
         return []
+
+    def memory_limit(self, resources: ResourcesConfig) -> MemoryLimit | None:
+        """What a cell's training step must fit in where the cell runs; None: this machine's
+        memory, measured (every launcher that runs cells here)."""
+        return None
+
+    def check_trainer(self, trainer: TrainerConfig, resources: ResourcesConfig) -> None:
+        """Refuse (one line) a cell whose trainer contradicts what ``resources`` asks for."""
 
     def prepare(self, plans: Sequence[RunPlan]) -> str | None:
         """Decide, before anything is logged, how the runs of ``plans`` will share this machine;
@@ -580,6 +589,36 @@ class SlurmLauncher(Launcher):
             return []
         overrides = [f"trainer.devices={resources.tasks}", f"trainer.num_nodes={resources.nodes}"]
         return [*overrides, "trainer.strategy=ddp"] if resources.gpus_per_node == 0 else overrides
+
+    def memory_limit(self, resources: ResourcesConfig) -> MemoryLimit:
+        """A job's node, not the login node: a CPU cell's processes share the ``mem_gb`` asked
+        for (SLURM's G is GiB); a GPU node's memory is not known from here."""
+        from experiments.plan import MemoryLimit
+
+        if resources.gpus_per_node:
+            return MemoryLimit(None, "")
+        return MemoryLimit(
+            resources.mem_gb * 2**30, f" per node (resources.mem_gb={resources.mem_gb} GiB)", "resources.mem_gb"
+        )
+
+    def check_trainer(self, trainer: TrainerConfig, resources: ResourcesConfig) -> None:
+        """GPUs asked for and a CPU trainer (the default ``trainer=cpu``) would train on the CPUs
+        of a GPU node; a GPU trainer without GPUs fails only once the job starts."""
+        gpus, accelerator = resources.gpus_per_node, str(trainer.accelerator)
+        if gpus and accelerator == "cpu":
+            raise ConfigError(
+                "trainer.accelerator",
+                accelerator,
+                f"resources ask for {gpus} GPU(s) per node: add trainer=gpu (or trainer=ddp), or drop the GPUs "
+                "(resources=cpu)",
+            )
+        if not gpus and accelerator in ("gpu", "cuda"):
+            raise ConfigError(
+                "trainer.accelerator",
+                accelerator,
+                "resources ask SLURM for no GPU: add resources=gpu1 (or gpu4, gpu8x2, resources.gpus_per_node=N), "
+                "or trainer=cpu",
+            )
 
     def executor(self, folder: Path, resources: ResourcesConfig) -> submitit.AutoExecutor:
         if shutil.which("srun") is None:

@@ -328,7 +328,8 @@ def run_search_sweep(
     except SearchError as error:
         raise SweepError(str(error)) from None
     overrides = [f"+sweep={name}", *cell_overrides]
-    plan = plan_run(base)
+    plan = plan_run(base, launch.launcher.memory_limit(launch.resources))
+    launch.launcher.check_trainer(plan.trainer, launch.resources)
     storage = search.storage or default_storage(plan.run_dir.parent.parent)
     # The study is the same however many trials are asked for: search.* stays out of its key.
     shared = [o for o in cell_overrides if not o.startswith("search.")]

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
-from experiments.plan import plan_run
+from experiments.plan import InputError, plan_run
 from experiments.train import train
 from sweeps import launchers
 from sweeps.cells import FINISHED, Cell, CellOutcome
@@ -146,7 +146,7 @@ def test_dry_run_shows_the_papers_global_batch_on_the_cluster_it_asks_for(tmp_pa
     """recipe=pythia on 2 nodes of 8 GPUs: 512 sequences a step are 8 per GPU x 4 accumulated x 16."""
     out = io.StringIO()
     request = ["model=pythia-160m", "recipe=pythia", "trainer=gpu", "launcher=slurm", "resources=gpu8x2"]
-    assert run_sweep("schemes", [*request, "scheme=base,mesh", "allow_large=true"], dry_run=True, out=out) == 0
+    assert run_sweep("schemes", [*request, "scheme=base,mesh"], dry_run=True, out=out) == 0
     assert out.getvalue().splitlines()[-2:] == [
         "every run: global batch 512 (8 x 4 accumulated x 16 processes) x 4096 tokens = 2,097,152 tokens/step; "
         "119,210 steps = 250.0B tokens; warmup 1,192 steps",
@@ -158,6 +158,49 @@ def test_dry_run_shows_the_papers_global_batch_on_the_cluster_it_asks_for(tmp_pa
     assert "       global batch 8 x 128 tokens = 1,024 tokens/step; 200 steps = 204.8k tokens; warmup 2 steps" in (
         out.getvalue()
     )
+
+
+# A step of about 20 TB (MeSH's coefficients grow as K^3): more than any machine running the suite.
+HUGE_STEP = ["model=tiny", "layout=1+2R1000+1", "scheme=mesh", "data.batch_size=64"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["resources=gpu1"],
+            "trainer.accelerator='cpu' is invalid: resources ask for 1 GPU(s) per node: add trainer=gpu "
+            "(or trainer=ddp), or drop the GPUs (resources=cpu)",
+        ),
+        (
+            ["trainer=gpu"],
+            "trainer.accelerator='gpu' is invalid: resources ask SLURM for no GPU: add resources=gpu1 "
+            "(or gpu4, gpu8x2, resources.gpus_per_node=N), or trainer=cpu",
+        ),
+        (
+            [*HUGE_STEP, "resources.mem_gb=1000"],
+            " GB are available per node (resources.mem_gb=1000 GiB); raise resources.mem_gb, lower K",
+        ),
+        # 2 tasks of about 18,700 GiB each do not fit in 30,000 GiB; one would.
+        ([*HUGE_STEP, "resources=ddp_cpu", "resources.mem_gb=30000"], "needs about 2 processes x "),
+    ],
+)
+def test_a_slurm_grid_is_checked_against_the_nodes_it_asks_for(capsys, tmp_path, arguments, message):
+    """Planned on a login node, a SLURM cell's memory is the node's ``mem_gb`` (shared by its
+    tasks), and a trainer that contradicts the GPUs asked for is refused before anything is submitted."""
+    assert main(["schemes", "scheme=mesh", "launcher=slurm", f"runs_dir={tmp_path}", *arguments, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_a_slurm_cell_larger_than_this_machine_is_planned_for_its_node_and_a_gpu_node_is_not_measured_here(tmp_path):
+    out = io.StringIO()
+    arguments = ["scheme=mesh", "launcher=slurm", f"runs_dir={tmp_path}", *HUGE_STEP]
+    assert run_sweep("schemes", [*arguments, "resources.mem_gb=100000"], dry_run=True, out=out) == 0
+    assert run_sweep("schemes", [*arguments, "trainer=gpu", "resources=gpu1"], dry_run=True, out=out) == 0
+    with pytest.raises(InputError, match=r" GB are available in RAM; lower K"):  # the same cell run here
+        run_sweep("schemes", ["scheme=mesh", "launcher=local", f"runs_dir={tmp_path}", *HUGE_STEP], dry_run=True)
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_bad_sweep_requests_answer_in_one_line(capsys, tmp_path):
