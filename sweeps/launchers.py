@@ -422,6 +422,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
         if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+            if submitit.JobEnvironment().num_tasks > 1:
+                _join_local_tasks()
             return run_cell_reporting_stops(cell, threads)
         with _usr2_stops_training_first() as requeue:
             try:
@@ -429,6 +431,24 @@ class CellJob(submitit.helpers.Checkpointable):
             except (KeyboardInterrupt, SystemExit):
                 requeue()  # after USR2: submitit dumps checkpoint(), runs scontrol requeue and exits
                 raise
+
+
+def _join_local_tasks() -> None:
+    """A task of a cell that submitit's local executor started as several processes: they become
+    one DDP run as srun's tasks do on SLURM. Lightning takes processes it did not create as ranks
+    when ``LOCAL_RANK`` is set; they meet on 127.0.0.1 at a port drawn from the job id (as
+    submitit's ``TorchDistributedEnvironment`` draws it), the same in every task of the job."""
+    job = submitit.JobEnvironment()
+    port = submitit.helpers.TorchDistributedEnvironment().master_port
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(job.num_tasks),
+        RANK=str(job.global_rank),
+        LOCAL_RANK=str(job.local_rank),
+        LOCAL_WORLD_SIZE=str(job.num_tasks),
+        NODE_RANK="0",
+    )
 
 
 @contextlib.contextmanager
@@ -514,6 +534,16 @@ def _collect(jobs: Sequence[Any], cells: Sequence[Cell], stop_wait_s: float = 0.
         raise
 
 
+def _ddp_overrides(resources: ResourcesConfig) -> list[str]:
+    """What a cell needs to be one run over the tasks a submitit executor starts for it:
+    Lightning's devices and nodes are the tasks per node and the nodes; several processes on
+    CPUs are DDP (over gloo)."""
+    if resources.gpus_per_node == 0 and resources.tasks * resources.nodes == 1:
+        return []
+    overrides = [f"trainer.devices={resources.tasks}", f"trainer.num_nodes={resources.nodes}"]
+    return [*overrides, "trainer.strategy=ddp"] if resources.gpus_per_node == 0 else overrides
+
+
 def _submitit_parameters(resources: ResourcesConfig) -> dict[str, Any]:
     return {
         "name": "mesh-sweep",
@@ -528,6 +558,14 @@ def _submitit_parameters(resources: ResourcesConfig) -> dict[str, Any]:
 @dataclass
 class SubmititLocalLauncher(WorkersLauncher):
     """submitit's local executor (SLURM's code path without SLURM), in waves of ``workers`` jobs."""
+
+    def check(self, folder: Path, resources: ResourcesConfig) -> None:
+        if resources.nodes > 1:
+            raise ConfigError("resources.nodes", resources.nodes, "launcher=submitit_local runs on this machine: use 1")
+
+    def cell_overrides(self, resources: ResourcesConfig) -> list[str]:
+        """A cell of several tasks is one DDP run (over gloo without GPUs), as on SLURM."""
+        return _ddp_overrides(resources)
 
     def executor(self, folder: Path, resources: ResourcesConfig) -> submitit.AutoExecutor:
         executor = submitit.AutoExecutor(folder=folder, cluster="local")
@@ -585,10 +623,7 @@ class SlurmLauncher(Launcher):
     def cell_overrides(self, resources: ResourcesConfig) -> list[str]:
         """Lightning's devices and nodes are SLURM's tasks per node and nodes; several processes
         on CPUs are DDP (over gloo)."""
-        if resources.gpus_per_node == 0 and resources.tasks * resources.nodes == 1:
-            return []
-        overrides = [f"trainer.devices={resources.tasks}", f"trainer.num_nodes={resources.nodes}"]
-        return [*overrides, "trainer.strategy=ddp"] if resources.gpus_per_node == 0 else overrides
+        return _ddp_overrides(resources)
 
     def memory_limit(self, resources: ResourcesConfig) -> MemoryLimit:
         """A job's node, not the login node: a CPU cell's processes share the ``mem_gb`` asked

@@ -170,7 +170,7 @@ def _read_cell(s: CellState, client: Any, by: str, cancelled: Collection[str]) -
             _close(s, client, None, "interrupted", f"{CANCELLED}, SLURM job {s.job}; re-run the grid to resume")
     elif s.job is not None and s.job_state is not None:  # the job ended before its run was opened
         s.state = "killed" if s.job_state in KILLED_BY or s.job_state == GONE or s.job in cancelled else "failed"
-        s.note = f"{CANCELLED} before it started" if s.job in cancelled else f"ended {s.job_state} before training"
+        s.note = f"{CANCELLED} before it started" if s.job in cancelled else f"{_ended(s.job_state)} before training"
 
 
 def _settle(s: CellState, client: Any, by: str, cancelled: Collection[str]) -> None:
@@ -184,13 +184,20 @@ def _settle(s: CellState, client: Any, by: str, cancelled: Collection[str]) -> N
     elif s.job in cancelled:
         _close(s, client, "KILLED", "interrupted", f"{CANCELLED}, SLURM job {s.job} {at}; re-run the grid to resume")
     elif s.job is not None and (s.job_state in KILLED_BY or s.job_state == GONE):
-        text = f"SLURM job {s.job} ended {s.job_state} {at} (found by {by}); re-run the grid to resume"
+        text = f"SLURM job {s.job} {_ended(s.job_state)} {at} (found by {by}); re-run the grid to resume"
         _close(s, client, "KILLED", "terminated", text)
     elif s.job is not None:
         _close(s, client, "FAILED", "error", f"SLURM job {s.job} ended {s.job_state} {at} (found by {by})")
     else:
         text = f"its process is gone {at} (found by {by}); re-run the grid to resume"
         _close(s, client, "KILLED", "interrupted", text)
+
+
+def _ended(job_state: str | None) -> str:
+    """How a job ended, in words: ``ended CANCELLED``, or that SLURM keeps no record of it."""
+    if job_state == GONE:
+        return "ended unrecorded (no squeue or sacct record: cancelled while pending, or purged)"
+    return f"ended {job_state}"
 
 
 def _close(s: CellState, client: Any, status: str | None, tag: str, text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -339,6 +340,28 @@ def test_2x2_grid_runs_end_to_end_and_a_rerun_starts_nothing(launcher, tmp_path,
     parents, children = sweep_runs(tmp_path)
     assert len(parents) == 1 and len(children) == 4  # the same parent, no new run
     assert parents[0].data.metrics["cells_skipped"] == 4
+
+
+@pytest.mark.slow
+def test_a_submitit_local_cell_of_two_tasks_is_one_ddp_run_logged_by_rank_0(tmp_path, fast, capsys):
+    """submitit's local executor starts the two tasks itself; they join as one DDP run, as srun's
+    tasks do on SLURM (tests/test_slurm_cluster.py), instead of two processes training one run."""
+    out = io.StringIO()
+    args = ["scheme=base", *fast, f"runs_dir={tmp_path}", "launcher=submitit_local", "resources=ddp_cpu"]
+    assert run_sweep("schemes", args, out=out) == 0, out.getvalue()
+    parents, (run,) = sweep_runs(tmp_path)
+    assert run.info.status == "FINISHED" and parents[0].info.status == "FINISHED"
+    assert (run.data.params["trainer.devices"], run.data.params["trainer.strategy"]) == ("2", "ddp")
+    history = client_for(tmp_path).get_metric_history(run.info.run_id, "train/loss")
+    every, steps = int(run.data.params["log_every"]), int(run.data.params["max_steps"])
+    assert [m.step for m in history] == list(range(every - 1, steps, every))  # once each: rank 0 alone logs
+    result = json.loads((Path(run.data.tags["run_dir"]) / "result.json").read_text())
+    assert result["world_size"] == 2 and result["run_id"] == run.info.run_id
+
+    assert main(["schemes", *args, "resources.nodes=2"]) == 2  # one machine has one node
+    assert capsys.readouterr().err == (
+        "error: resources.nodes=2 is invalid: launcher=submitit_local runs on this machine: use 1\n"
+    )
 
 
 @pytest.mark.slow
