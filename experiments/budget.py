@@ -27,6 +27,7 @@ class StepBudget:
     seq_len: int
     max_steps: int
     warmup_steps: int
+    min_lr_ratio: float  # the LR at the last step, as a fraction of the peak
 
     @property
     def global_batch(self) -> int:
@@ -43,7 +44,7 @@ class StepBudget:
 
     def describe(self) -> str:
         """One line: ``global batch 512 (8 x 4 accumulated x 16 processes) x 4096 tokens = 2,097,152
-        tokens/step; 119,210 steps = 250.0B tokens; warmup 1,192 steps``."""
+        tokens/step; 119,210 steps = 250.0B tokens; LR warmup 1,192 steps, cosine to 10% at step 119,210``."""
         parts = [str(self.batch_size)]
         if self.accumulate > 1:
             parts.append(f"{self.accumulate} accumulated")
@@ -52,7 +53,8 @@ class StepBudget:
         split = f" ({' x '.join(parts)})" if len(parts) > 1 else ""
         return (
             f"global batch {self.global_batch}{split} x {self.seq_len} tokens = {self.tokens_per_step:,} tokens/step; "
-            f"{self.max_steps:,} steps = {tokens_text(self.total_tokens)} tokens; warmup {self.warmup_steps:,} steps"
+            f"{self.max_steps:,} steps = {tokens_text(self.total_tokens)} tokens; LR warmup {self.warmup_steps:,} "
+            f"steps, cosine to {self.min_lr_ratio * 100:g}% at step {self.max_steps:,}"
         )
 
 
@@ -96,7 +98,7 @@ def step_budget(train: TrainConfig, processes: int | None) -> StepBudget:
     warmup = warmup_steps(max_steps, optim.warmup_fraction, optim.warmup_steps)
     if optim.warmup_steps is not None and warmup >= max_steps:
         raise ConfigError("optim.warmup_steps", warmup, f"must be fewer than the run's {max_steps} steps")
-    return StepBudget(data.batch_size, accumulate, processes, data.seq_len, max_steps, warmup)
+    return StepBudget(data.batch_size, accumulate, processes, data.seq_len, max_steps, warmup, optim.min_lr_ratio)
 
 
 def tokens_text(count: float) -> str:

@@ -199,7 +199,7 @@ def test_the_pythia_recipe_is_the_papers_global_batch_and_token_budget():
     assert paper.total_tokens >= 250e9 > paper.total_tokens - paper.tokens_per_step
     assert paper.describe() == (
         "global batch 512 (8 x 4 accumulated x 16 processes) x 4096 tokens = 2,097,152 tokens/step; "
-        "119,210 steps = 250.0B tokens; warmup 1,192 steps"
+        "119,210 steps = 250.0B tokens; LR warmup 1,192 steps, cosine to 10% at step 119,210"
     )
     one_gpu = budget("recipe=pythia", "model=pythia-160m", "trainer=gpu")
     assert (one_gpu.accumulate, one_gpu.global_batch) == (64, 512)

@@ -137,7 +137,7 @@ def test_dry_run_lists_the_runs_and_starts_nothing(tmp_path):
     assert text.startswith("buffer_slots: 8 runs")
     assert "buffer_slots=3 seed=0" in text and "buffer_slots=6 seed=1" in text
     assert text.endswith(
-        "every run: global batch 16 x 128 tokens = 2,048 tokens/step; 200 steps = 409.6k tokens; warmup 2 steps\n"
+        "every run: global batch 16 x 128 tokens = 2,048 tokens/step; 200 steps = 409.6k tokens; LR warmup 2 steps, cosine to 10% at step 200\n"
         "the grid: 3.3M tokens in 8 runs\n"
     )
     assert not (tmp_path / "mlflow.db").exists()
@@ -150,14 +150,15 @@ def test_dry_run_shows_the_papers_global_batch_on_the_cluster_it_asks_for(tmp_pa
     assert run_sweep("schemes", [*request, "scheme=base,mesh"], dry_run=True, out=out) == 0
     assert out.getvalue().splitlines()[-2:] == [
         "every run: global batch 512 (8 x 4 accumulated x 16 processes) x 4096 tokens = 2,097,152 tokens/step; "
-        "119,210 steps = 250.0B tokens; warmup 1,192 steps",
+        "119,210 steps = 250.0B tokens; LR warmup 1,192 steps, cosine to 10% at step 119,210",
         "the grid: 500.0B tokens in 2 runs",
     ]
     # Budgets that differ are shown under each cell.
     out = io.StringIO()
     assert run_sweep("schemes", ["scheme=base", "data.batch_size=8,16"], dry_run=True, out=out) == 0
-    assert "       global batch 8 x 128 tokens = 1,024 tokens/step; 200 steps = 204.8k tokens; warmup 2 steps" in (
-        out.getvalue()
+    assert (
+        "       global batch 8 x 128 tokens = 1,024 tokens/step; 200 steps = 204.8k tokens; LR warmup 2 steps, cosine to 10% at step 200"
+        in (out.getvalue())
     )
 
 
