@@ -172,6 +172,41 @@ def test_sigterm_saves_a_checkpoint_at_the_next_step_and_resumes(tmp_path, unint
     resume_and_compare(tmp_path, uninterrupted)
 
 
+def test_sigterm_to_every_ddp_rank_stops_them_at_one_step_and_the_run_resumes_once(tmp_path):
+    """SIGTERM to the whole process group, as srun signals every task: the two ranks stop at the
+    end of the same step with last.ckpt saved (Lightning 2.6's own handler deadlocks them here),
+    and the resumed run is one MLflow run, logged by rank 0 alone, each step once."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [MESH_TRAIN, *RUN, f"runs_dir={tmp_path}", "trainer=ddp_cpu"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+    time.sleep(0.3)
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("the DDP ranks did not stop within 120 s of SIGTERM") from None
+    assert process.returncode == 143, err[-3000:]
+    stopped = [line for line in err.splitlines() if line.startswith("[mesh-train] stopped on SIGTERM at step ")]
+    (step,) = {int(line.split("at step ")[1].split(",")[0]) for line in stopped}  # the same step on both ranks
+    saved = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == step > 10
+    status, tags, _ = record(tmp_path)
+    assert status == "KILLED" and tags["terminated"] == f"SIGTERM at step {step}; run the same command to resume"
+
+    again = run(tmp_path, "trainer=ddp_cpu")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("[mesh-train] val loss") == 1  # rank 0 reports, rank 1 stays quiet
+    status, tags, histories = record(tmp_path)
+    assert status == "FINISHED" and not {"error", "interrupted", "terminated"} & set(tags)
+    assert [s for s, _ in histories["train/loss"]] == list(range(4, 40, 5))  # none twice, none missing
+    assert [s for s, _ in histories["val/shakespeare/loss"]] == [20, 40]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (only,) = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+    assert only.data.params["trainer.strategy"] == "ddp"
+
+
 def test_the_same_run_started_twice_is_refused_naming_the_holder(tmp_path):
     first = start(tmp_path)
     wait_for(tmp_path, "mlflow_run_id", first)

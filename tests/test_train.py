@@ -164,19 +164,6 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compos
     assert os.environ.get("MLFLOW_TRACKING_URI") != mlflow_server  # nothing leaks into later runs
 
 
-@pytest.mark.slow
-def test_ddp_on_two_cpu_processes_logs_one_run(tmp_path, tiny_overrides):
-    result = run_cli(*tiny_overrides("max_steps=20", "trainer=ddp_cpu", f"runs_dir={tmp_path}"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("[mesh-train] val loss") == 1  # rank 0 reports, rank 1 stays quiet
-    (run,) = runs_of(sqlite_client(tmp_path))
-    assert run.info.status == "FINISHED" and run.data.params["trainer.strategy"] == "ddp"
-    assert [m.step for m in sqlite_client(tmp_path).get_metric_history(run.info.run_id, "val/shakespeare/loss")] == [
-        10,
-        20,
-    ]
-
-
 # --- bad input: one line, before any compute ------------------------------------------------
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -98,26 +100,58 @@ class StepCheckpoint(pl.Callback):
 
 
 class StopOnStepBoundary(pl.Callback):
-    """With gradient accumulation, a SIGTERM that lands between two micro-batches of a step waits
+    """A SIGTERM stops training at the end of a whole optimizer step, on every rank at once.
+
+    With gradient accumulation, a SIGTERM that lands between two micro-batches of a step waits
     for the step's last one: Lightning stops after whichever batch is running, and a checkpoint
     saved part-way through a step would lose the gradients accumulated so far while its data
-    position counts them (the resumed step would see fewer micro-batches). Without accumulation
-    every batch ends a step, and this does nothing.
+    position counts them (the resumed step would see fewer micro-batches). Lightning reads its
+    SIGTERM flag right after ``on_train_batch_end``; the flag is held back until the batch that
+    ends the step. Put it after the other callbacks: a signal that comes after its hook (in the
+    module's own hook, a few microseconds) still stops mid-step.
 
-    Lightning reads its SIGTERM flag right after ``on_train_batch_end``; the flag is held back
-    until the batch that ends the step. Put it after the other callbacks: a signal that comes
-    after its hook (in the module's own hook, a few microseconds) still stops mid-step."""
+    Under DDP (more than one rank) Lightning's own SIGTERM handler broadcasts inside the signal
+    handler (Lightning 2.6, PR #20825): each rank that is signalled (srun signals them all) makes
+    one collective more than the others, at a different point, and the ranks wait on each other
+    forever. There the handler only notes the request, and at the end of each step the ranks
+    agree (any rank signalled) and all raise Lightning's stop at the same step, so that the
+    ``last.ckpt`` they save together is the same step's."""
 
     def __init__(self) -> None:
         self._held = False
+        self._requested = False
+        self._ranks = 1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ranks = trainer.world_size
+        if self._ranks > 1:
+            _replace_sigterm_notifier(trainer, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self._requested = True
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
         connector = trainer._signal_connector  # Lightning's SIGTERM flag lives there
         ends_step = not trainer.fit_loop._should_accumulate()
-        if connector.received_sigterm and not ends_step:
+        if self._ranks > 1:
+            if ends_step and trainer.strategy.reduce_boolean_decision(self._requested, all=False):
+                connector.received_sigterm = True
+        elif connector.received_sigterm and not ends_step:
             connector.received_sigterm, self._held = False, True
         elif self._held and ends_step:
             connector.received_sigterm, self._held = True, False
+
+
+def _replace_sigterm_notifier(trainer: pl.Trainer, request: Callable[[int, object], None]) -> None:
+    """In the SIGTERM handler Lightning composed (its notifier, then the handler found before it),
+    put ``request`` in the notifier's place; Lightning restores the earlier handler at teardown."""
+    composed = signal.getsignal(signal.SIGTERM)
+    handlers = getattr(composed, "signal_handlers", None)
+    notifier = trainer._signal_connector._sigterm_notifier_fn
+    if isinstance(handlers, list) and notifier in handlers:
+        composed.signal_handlers = [request if h == notifier else h for h in handlers]  # type: ignore[union-attr]
+    else:  # not Lightning's composition: a SIGTERM handler of our own all the same
+        signal.signal(signal.SIGTERM, request)
 
 
 def is_intact(path: Path) -> bool:
