@@ -179,6 +179,7 @@ def test_a_2x2_grid_is_one_job_array_with_the_resources_asked(cluster, tmp_path,
 
 
 PREEMPT_STEPS = 300
+DDP_STEPS = 100  # signalled after step 10's checkpoint
 
 
 @pytest.mark.slow
@@ -418,29 +419,33 @@ def test_a_detached_grid_is_followed_settled_cancelled_and_continued(cluster, tm
 
 
 @pytest.mark.slow
-def test_a_cell_of_two_tasks_is_one_ddp_run_logged_by_rank_0(cluster, tmp_path, cell):
+def test_a_cell_of_two_tasks_is_one_ddp_run_logged_by_rank_0_and_survives_preemption(cluster, tmp_path, cell):
+    """Two srun tasks are one DDP run. USR2 (SLURM's warning) reaches both ranks: they stop at the
+    end of the same step with last.ckpt saved, the job is requeued, and the ranks resume it into
+    the same single run, each step logged once, by rank 0."""
     runs = tmp_path / "runs"
-    args = ["schemes", "scheme=base", "launcher=slurm", "resources=ddp_cpu", "resources.mem_gb=2", *cell(6)]
-    code, out, err = finish(start_sweep([*args, f"runs_dir={runs}"], tmp_path), tmp_path)
+    args = ["schemes", "scheme=base", "launcher=slurm", "resources=ddp_cpu", "resources.mem_gb=2", *cell(DDP_STEPS)]
+    process = start_sweep([*args, f"runs_dir={runs}"], tmp_path)
+    wait_for(lambda: checkpointed(runs, "base"), 300, process, "the DDP cell to checkpoint")
+    (job,) = job_ids(submitit_folder(runs))
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    code, out, err = finish(process, tmp_path)
     assert code == 0, out + err
 
-    (job,) = job_ids(submitit_folder(runs))
-    (row,) = allocations(job)
-    assert row["State"] == "COMPLETED" and row["ReqCPUS"] == "2", row  # 2 tasks x 1 CPU
+    assert_resumed(runs, "base", job, DDP_STEPS)  # requeued, resumed last.ckpt, one run, each step once
+    assert {row["ReqCPUS"] for row in allocations(job)} == {"2"}  # 2 tasks x 1 CPU
     steps = subprocess.run(
         ["sacct", "-P", "-n", "-j", job, "-o", "JobID,NTasks"], capture_output=True, text=True, timeout=30, check=True
     ).stdout.split()
     assert f"{job}.0|2" in steps, steps  # srun's step: two tasks
     client, parents, cells = store(runs)
-    (run,) = cells  # one run for both ranks
-    assert run.info.status == "FINISHED" and parents[0].info.status == "FINISHED"
+    (run,) = cells  # one run for both ranks and both allocations
     assert (run.data.params["trainer.devices"], run.data.params["trainer.strategy"]) == ("2", "ddp")
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(6))  # once each
     result = json.loads((Path(run.data.tags["run_dir"]) / "result.json").read_text())
     assert result["world_size"] == 2 and result["run_id"] == run.info.run_id
     # Rank 1 trained the same steps in the same DDP run, and reported without a run of its own.
     status, rank1 = pickle.loads((submitit_folder(runs) / f"{job}_1_result.pkl").read_bytes())
-    assert status == "success" and rank1.status == "FINISHED" and rank1.run_id is None and rank1.steps == 6
+    assert status == "success" and rank1.status == "FINISHED" and rank1.run_id is None and rank1.steps == DDP_STEPS
     assert rank1.val_loss == pytest.approx(result["val_loss"])
 
 
