@@ -1,8 +1,8 @@
 """OS file locks (``flock``): released by the kernel when the holder exits, however it exits.
 
 * :func:`file_lock` waits for a short critical section (creating the MLflow store);
-* :class:`RunLock` claims a run directory for one process and refuses a second one at once,
-  naming the holder's PID.
+* :class:`RunLock` claims a run directory (or a grid's) for one process and refuses a second
+  one at once, naming the holder's PID.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class RunLock:
             fcntl.flock(handle, fcntl.LOCK_UN)
         return None
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, kind: str = "run") -> None:
         self.path = run_dir / self.FILE
+        self.kind = kind  # what the directory holds, for the refusal: a run, a grid
         self._handle = None
 
     def __enter__(self) -> RunLock:
@@ -68,7 +69,7 @@ class RunLock:
             holder = handle.read().strip() or "unknown"
             handle.close()
             raise RunInUseError(
-                f"run {self.path.parent} is in use by PID {holder} (the same run started twice); "
+                f"{self.kind} {self.path.parent} is in use by PID {holder} (the same {self.kind} started twice); "
                 "wait for it to finish or stop it, then run the command again"
             ) from None
         handle.seek(0)

@@ -61,6 +61,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
+    from experiments.data.cache import atomic_path
     from experiments.identity import model_config_for
     from experiments.plan import launched_rank, padded_vocab
 
@@ -106,7 +107,8 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     if record is not None:
         result["timing"] = asdict(timing := timer.finish())
         record.finish({"val_loss": result["val_loss"], **timing.as_metrics()}, trainer.global_step)
-        plan.result_file.write_text(json.dumps(result, indent=2))
+        with atomic_path(plan.result_file) as partial:  # its presence means finished: never half-written
+            partial.write_text(json.dumps(result, indent=2))
     return result
 
 

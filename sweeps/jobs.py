@@ -18,6 +18,9 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from experiments.data.cache import atomic_path
+from experiments.locks import file_lock
+
 JOBS_FILE = "jobs.json"
 # squeue's states of a job that waits for, or holds, an allocation.
 PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
@@ -42,13 +45,14 @@ def read_jobs(sweep_dir: Path) -> dict[int, str]:
 
 
 def record_jobs(sweep_dir: Path, jobs: Mapping[int, str]) -> None:
-    """Add (or replace) the jobs of the cells in ``jobs`` to the grid's ``jobs.json``."""
-    known = {**read_jobs(sweep_dir), **jobs}
+    """Add (or replace) the jobs of the cells in ``jobs`` to the grid's ``jobs.json``: read, merged
+    and replaced under a lock, through a temporary file of this writer's own, so that readers
+    see a whole file and no writer loses another's jobs."""
     path = jobs_file(sweep_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps({str(k): v for k, v in sorted(known.items())}, indent=2))
-    partial.replace(path)
+    with file_lock(path.with_name(f".{path.name}.lock")):
+        known = {**read_jobs(sweep_dir), **jobs}
+        with atomic_path(path) as partial:
+            partial.write_text(json.dumps({str(k): v for k, v in sorted(known.items())}, indent=2))
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess | None:

@@ -421,6 +421,10 @@ class CellJob(submitit.helpers.Checkpointable):
     after a successful run."""
 
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
+        if submitit.JobEnvironment().num_tasks > 1:
+            # A port inherited from the submitting shell would be every DDP cell's: each job's
+            # ranks meet at a port of their own (on SLURM Lightning's, from the job id).
+            os.environ.pop("MASTER_PORT", None)
         if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
             if submitit.JobEnvironment().num_tasks > 1:
                 _join_local_tasks()

@@ -306,6 +306,10 @@ def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
         states = job_states(jobs.values())
         if states is None:
             raise SweepError("this grid's cells are SLURM jobs and SLURM does not answer here (no squeue)")
+        if any(state == COMPLETING for state in states.values()):
+            # A job being requeued passes through COMPLETING on its way back to PENDING: ask again
+            # once it is through, or it would escape the cancel and run again.
+            states = _after_completing(list(jobs.values()), states)
         targets = sorted(job for job, state in states.items() if live(state))
         if targets:
             if problem := cancel(targets):
@@ -333,6 +337,15 @@ def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
     if any(s.state != "finished" for s in states):
         print(f"re-run the grid to continue it: {grid_command(name, arguments)}", file=out)
     return 0
+
+
+def _after_completing(jobs: Sequence[str], states: dict[str, str]) -> dict[str, str]:
+    """SLURM's states of ``jobs`` once none is COMPLETING (at most CANCEL_WAIT_S)."""
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while time.monotonic() < deadline and any(state == COMPLETING for state in states.values()):
+        time.sleep(1)
+        states = job_states(jobs) or states
+    return states
 
 
 def _wait_ended(jobs: Sequence[str]) -> None:

@@ -51,6 +51,7 @@ from omegaconf import OmegaConf
 from experiments.budget import tokens_text
 from experiments.compose import compose_config
 from experiments.console import quiet_libraries, script_command, take_verbose_flag, timestamp
+from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError
 from experiments.plan import InputError, RunPlan, plan_run
 from experiments.tracking import RunRecord, TrackingError, terminate_run
@@ -60,7 +61,7 @@ from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
 from sweeps.config import LaunchConfig
 from sweeps.grid import SweepError, grid_cells, read_request, sweep_dir_for, sweep_key
 from sweeps.grids import sweep_description, sweep_names
-from sweeps.jobs import job_states, live, read_jobs
+from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.launchers import LaunchError
 from sweeps.parent import DETACHED_TAG, ParentRun, grid_params, val_sets
 from sweeps.progress import COMPLETED, GridConsole, next_steps, results_command, summary_table, trials_table
@@ -99,58 +100,61 @@ def run_sweep(
     key = sweep_key(name, cells)
     sweep_dir = sweep_dir_for(plans[0], key)
     launch.launcher.check(sweep_dir / "submitit", launch.resources)
-    refuse_live_jobs(sweep_dir, name, arguments)
-    finished = [plan.result_file.exists() for plan in plans]  # read once: packing and skipping agree
-    packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
-    shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
-    tags = invocation_tags(command, launch)
-    parent = ParentRun.open(
-        name, key, plans[0], sweep_dir, cells, grid_params(name, cells, shared), tags, val_sets(plans)
-    )
-    outcomes: dict[int, CellOutcome] = {}
-    pending = []
-    for cell, plan, done in zip(cells, plans, finished, strict=True):
-        if done:
-            outcomes[cell.index] = CellOutcome.from_result(cell, SKIPPED, json.loads(plan.result_file.read_text()))
-        else:
-            extra = [f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
-            pending.append(Cell(cell.index, [*cell.overrides, *extra], cell.label))
-    console = GridConsole(out, len(cells), len(pending), launch.launcher.concurrency)
-    console.say(
-        f"{name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
-        f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {' '.join(shared) or '(defaults)'}"
-    )
-    if packing and pending:
-        console.say(packing)
-    for outcome in outcomes.values():
-        console.skipped(outcome)
-    parent.try_progress(list(outcomes.values()), len(cells))
-    if detach and pending:
+    # One mesh-sweep at a time per grid (a second one would submit or train its cells again); a
+    # detached grid's jobs outlive it, and refuse_live_jobs sees those.
+    with RunLock(sweep_dir, "grid"):
+        refuse_live_jobs(sweep_dir, name, arguments)
+        finished = [plan.result_file.exists() for plan in plans]  # read once: packing and skipping agree
+        packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
+        shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
+        tags = invocation_tags(command, launch)
+        parent = ParentRun.open(
+            name, key, plans[0], sweep_dir, cells, grid_params(name, cells, shared), tags, val_sets(plans)
+        )
+        outcomes: dict[int, CellOutcome] = {}
+        pending = []
+        for cell, plan, done in zip(cells, plans, finished, strict=True):
+            if done:
+                outcomes[cell.index] = CellOutcome.from_result(cell, SKIPPED, json.loads(plan.result_file.read_text()))
+            else:
+                extra = [f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
+                pending.append(Cell(cell.index, [*cell.overrides, *extra], cell.label))
+        console = GridConsole(out, len(cells), len(pending), launch.launcher.concurrency)
+        console.say(
+            f"{name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
+            f"{len(pending)} to run with launcher={launch.launcher.name}; every cell: {' '.join(shared) or '(defaults)'}"
+        )
+        if packing and pending:
+            console.say(packing)
+        for outcome in outcomes.values():
+            console.skipped(outcome)
+        parent.try_progress(list(outcomes.values()), len(cells))
+        if detach and pending:
+            try:
+                jobs = launch.launcher.submit(pending, launch.resources, sweep_dir / "submitit")
+            except BaseException as error:  # nothing was submitted: the parent says why
+                parent.close(list(outcomes.values()), len(cells), error=error)
+                raise
+            return detached(name, arguments, pending, jobs, parent, console, out)
+
+        def record(outcome: CellOutcome) -> None:
+            cell = cells[outcome.index]
+            outcome.overrides, outcome.label = cell.overrides, cell.label
+            settle_run(parent.tracking_uri, plans[outcome.index].run_dir, outcome)
+            outcomes[outcome.index] = outcome
+            console.ended(outcome)
+            parent.try_progress(list(outcomes.values()), len(cells))
+
+        started = launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit", console.started)
         try:
-            jobs = launch.launcher.submit(pending, launch.resources, sweep_dir / "submitit")
-        except BaseException as error:  # nothing was submitted: the parent says why
+            interrupted = launch_cells(started, record)
+        except BaseException as error:  # the sweep itself broke: its parent run says so, then it propagates
             parent.close(list(outcomes.values()), len(cells), error=error)
             raise
-        return detached(name, arguments, pending, jobs, parent, console, out)
-
-    def record(outcome: CellOutcome) -> None:
-        cell = cells[outcome.index]
-        outcome.overrides, outcome.label = cell.overrides, cell.label
-        settle_run(parent.tracking_uri, plans[outcome.index].run_dir, outcome)
-        outcomes[outcome.index] = outcome
-        console.ended(outcome)
-        parent.try_progress(list(outcomes.values()), len(cells))
-
-    started = launch.launcher.launch(pending, launch.resources, sweep_dir / "submitit", console.started)
-    try:
-        interrupted = launch_cells(started, record)
-    except BaseException as error:  # the sweep itself broke: its parent run says so, then it propagates
-        parent.close(list(outcomes.values()), len(cells), error=error)
-        raise
-    ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
-    table = summary_table(name, ordered)
-    finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
-    return exit_code(ordered, interrupted)
+        ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
+        table = summary_table(name, ordered)
+        finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
+        return exit_code(ordered, interrupted)
 
 
 def print_dry_run(name: str, cells: Sequence[Cell], plans: Sequence[RunPlan], out: TextIO) -> None:
@@ -183,13 +187,14 @@ def grid_command(name: str, arguments: Sequence[str], *flags: str) -> str:
 
 
 def refuse_live_jobs(sweep_dir: Path, name: str, arguments: Sequence[str]) -> None:
-    """Stop (SweepError) while SLURM jobs of this grid are queued or running: started again, their
-    cells would train twice. Asks SLURM only when the grid has jobs (``jobs.json``)."""
+    """Stop (SweepError) while SLURM jobs of this grid are queued, running or completing (a job
+    being requeued passes through COMPLETING): started again, their cells would train twice.
+    Asks SLURM only when the grid has jobs (``jobs.json``)."""
     states = job_states(read_jobs(sweep_dir).values()) or {}
-    running = sorted(job for job, state in states.items() if live(state))
+    running = sorted(job for job, state in states.items() if live(state) or state == COMPLETING)
     if running:
         raise SweepError(
-            f"{len(running)} SLURM job(s) of this grid are still queued or running ({' '.join(running)}): "
+            f"{len(running)} SLURM job(s) of this grid are still queued, running or completing ({' '.join(running)}): "
             f"see them with `{grid_command(name, arguments, '--status')}`, stop them with `--cancel`, or wait"
         )
 
@@ -296,6 +301,8 @@ def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
 
     id_file = run_dir / RunRecord.ID_FILE
     if outcome.status not in (FAILED, INTERRUPTED) or not id_file.exists():
+        return
+    if RunLock.holder(run_dir):  # another process trains the run (a cell refused as "in use", say)
         return
     run_id = id_file.read_text().strip()
     outcome.run_id = outcome.run_id or run_id
@@ -425,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return (cancel_grid if args.cancel else grid_status)(args.name, args.overrides, sys.stdout)
         command = shlex.join(["mesh-sweep", *typed])
         return run_sweep(args.name, args.overrides, dry_run=args.dry_run, command=command, detach=args.detach)
-    except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError) as error:
+    except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError, RunInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before the grid started (its own Ctrl-C is handled in run_sweep)

@@ -14,6 +14,7 @@ and what a cell of several tasks asks SLURM for (no cluster needed here; the SLU
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ import pytest
 from test_faults_grid import BIN, checkpointed, environment, wait_for
 
 from experiments.compose import group_options
+from experiments.locks import RunLock
 from mesh_model import ConfigError
 from sweeps.config import CONFIG_MODULE
 from sweeps.grid import compose_launch
@@ -169,6 +171,39 @@ def test_jobs_json_keeps_the_latest_job_of_each_cell_and_sacct_ranges_expand(tmp
     assert array_tasks("12_7") == ["12_7"] and array_tasks("13") == ["13"]
 
 
+def _record_many(sweep_dir: Path, first: int) -> None:
+    for index in range(first, first + 150):
+        record_jobs(sweep_dir, {index: f"9_{index}"})
+        read_jobs(sweep_dir)  # never a half-written file
+
+
+def test_jobs_json_written_by_two_processes_at_once_keeps_every_job_and_always_parses(tmp_path):
+    writers = [multiprocessing.get_context("fork").Process(target=_record_many, args=(tmp_path, i)) for i in (0, 1000)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert [w.exitcode for w in writers] == [0, 0]
+    assert sorted(read_jobs(tmp_path)) == [*range(150), *range(1000, 1150)]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".jobs.json.") and p.suffix != ".lock"] == []
+
+
+def test_a_second_mesh_sweep_of_a_grid_in_progress_is_refused_naming_the_first(tmp_path, cell, capsys):
+    from sweeps.grid import grid_cells, read_request, sweep_dir_for, sweep_key
+
+    args = [*GRID, *cell, f"runs_dir={tmp_path}"]
+    launch, overrides, _ = read_request(args[0], args[1:])
+    cells, plans = grid_cells(args[0], overrides, launch)
+    sweep_dir = sweep_dir_for(plans[0], sweep_key(args[0], cells))
+    with RunLock(sweep_dir, "grid"):  # as the mesh-sweep running it holds it
+        assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: grid {sweep_dir} is in use by PID {os.getpid()} (the same grid started twice); "
+        "wait for it to finish or stop it, then run the command again\n"
+    )
+    assert not (tmp_path / "mlflow.db").exists()  # refused before the parent run
+
+
 def test_a_cell_cancelled_from_another_terminal_counts_as_stopped_for_the_sweep_that_waits(tmp_path):
     """``mesh-sweep --cancel`` closes a cell's run KILLED (tag ``interrupted``) while the attached
     sweep still waits on SLURM; the sweep then collects a job that "died". Its outcome takes the
@@ -196,10 +231,12 @@ def test_a_cell_cancelled_from_another_terminal_counts_as_stopped_for_the_sweep_
         "cancelled": cell_run("cancelled", "KILLED", {"interrupted": cancelled}),
         "failed": cell_run("failed", "FAILED", {"error": "RuntimeError: boom"}),
         "running": cell_run("running", None, {}),
+        "held": cell_run("held", None, {}),  # another grid's process trains it: this cell was refused
     }
     outcomes = {name: CellOutcome.failed(Cell(i, [], f"scheme={name}"), died) for i, name in enumerate(runs)}
-    for name, run_dir in runs.items():
-        settle_run(uri, run_dir, outcomes[name])
+    with RunLock(runs["held"]):
+        for name, run_dir in runs.items():
+            settle_run(uri, run_dir, outcomes[name])
 
     assert (outcomes["cancelled"].status, outcomes["cancelled"].error) == (INTERRUPTED, cancelled)
     assert [outcomes[n].status for n in ("failed", "running")] == [FAILED, FAILED]
@@ -208,6 +245,7 @@ def test_a_cell_cancelled_from_another_terminal_counts_as_stopped_for_the_sweep_
         "cancelled": "KILLED",
         "failed": "FAILED",
         "running": "FAILED",
+        "held": "RUNNING",  # left to the process that holds it
     }
     assert status["running"].data.tags["error"] == died
 
