@@ -30,6 +30,9 @@ COMPLETING = "COMPLETING"  # its processes are ending: no longer live, but its r
 # outside (KILLED: re-running resumes it), or broken (FAILED). Any other end state is FAILED.
 KILLED_BY = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
 GONE = "GONE"  # neither squeue nor sacct knows the job (cancelled while pending, or purged)
+# Preempted and not requeued (PreemptMode=CANCEL): submitit waits on such a job as if SLURM might
+# still requeue it (sweeps/launchers.py asks SLURM itself).
+PREEMPTED = "PREEMPTED"
 
 
 def jobs_file(sweep_dir: Path) -> Path:

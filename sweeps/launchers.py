@@ -30,7 +30,7 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import INTERRUPTED, Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
-from sweeps.jobs import record_jobs
+from sweeps.jobs import PREEMPTED, job_states, record_jobs
 from sweeps.packing import GB, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
@@ -410,9 +410,13 @@ class CellJob(submitit.helpers.Checkpointable):
     In a SLURM job a cell that was stopped returns nothing: a result would end the job for the
     sweep while SLURM runs it again. USR2 (SLURM's warning before the time limit, or before a
     preemption) first stops training as SIGTERM does, at the end of the step with ``last.ckpt``
-    saved (:func:`_usr2_stops_training_first`); then submitit's handler requeues the job. A stop
-    SLURM made itself (``scontrol requeue``, ``scancel``, the time limit) propagates: the job is
-    requeued, or its state (CANCELLED, TIMEOUT) is what the sweep reports.
+    saved (:func:`_usr2_stops_training_first`); then submitit's handler requeues the job.
+
+    A SIGTERM is SLURM ending the job itself: a preemption (its tasks get SIGTERM, then SIGKILL
+    after the partition's GraceTime), ``scancel``, ``scontrol requeue``. Training stops the same
+    way, and then the job waits for SLURM to end it (:func:`_leave_the_end_to_slurm`): a job
+    that exits on its own during a preemption's grace time ends FAILED, neither requeued
+    (``PreemptMode=REQUEUE``) nor PREEMPTED (``CANCEL``).
 
     Once the cell has ended, USR2 is ignored for the rest of the job: the work is done and nothing
     is left to save. Restored to submitit's handler, a warning that came while submitit wrote the
@@ -432,9 +436,28 @@ class CellJob(submitit.helpers.Checkpointable):
         with _usr2_stops_training_first() as requeue:
             try:
                 return run_cell(cell, threads)
-            except (KeyboardInterrupt, SystemExit):
+            except (KeyboardInterrupt, SystemExit) as stop:
                 requeue()  # after USR2: submitit dumps checkpoint(), runs scontrol requeue and exits
+                if isinstance(stop, SystemExit) and stop.code == 128 + signal.SIGTERM:
+                    _leave_the_end_to_slurm()
                 raise
+
+
+SLURM_END_WAIT_S = 600.0  # past any usual GraceTime or KillWait; then a SIGTERM SLURM did not send ends it
+
+
+def _leave_the_end_to_slurm() -> None:
+    """After a SIGTERM stop (``last.ckpt`` saved, the run closed): wait, at most
+    :data:`SLURM_END_WAIT_S`, for SLURM to end the job as it meant to (requeue, cancel, preempt).
+    The next SIGTERM (a preemption's grace time is over) ends the process at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(
+        "[mesh-sweep] stopped on SIGTERM with last.ckpt saved; SLURM ends the job "
+        "(requeued or cancelled, as the cluster's policy says)",
+        file=sys.stderr,
+        flush=True,
+    )
+    time.sleep(SLURM_END_WAIT_S)
 
 
 def _join_local_tasks() -> None:
@@ -509,17 +532,43 @@ def _job_death(job: Any, error: Exception) -> str:
     return f"job {job.job_id}: {message}"
 
 
-def _collect(jobs: Sequence[Any], cells: Sequence[Cell], stop_wait_s: float = 0.0) -> Iterator[CellOutcome]:
-    """Each job's outcome in order; one job's death does not stop the others being collected.
+COLLECT_POLL_S = 1.0  # how often submitit's jobs are looked at (a result file, a process)
+SCHEDULER_POLL_S = 30.0  # how often SLURM itself is asked about the jobs not done
+
+
+def _collect(
+    jobs: Sequence[Any],
+    cells: Sequence[Cell],
+    stop_wait_s: float = 0.0,
+    scheduler_states: Callable[[list[str]], dict[str, str] | None] | None = None,
+) -> Iterator[CellOutcome]:
+    """Each job's outcome as it ends; one job's death does not stop the others being collected.
+
+    submitit counts a job PREEMPTED as not yet done (SLURM may requeue it), so a job preempted
+    and cancelled (``PreemptMode=CANCEL``) would be waited for forever: ``scheduler_states``
+    (SLURM's word, asked every :data:`SCHEDULER_POLL_S`) ends it, its cell stopped.
     On Ctrl-C the jobs not yet collected are cancelled (waiting up to ``stop_wait_s`` for them
     to end), reported, and KeyboardInterrupt is raised again."""
     pending = list(zip(jobs, cells, strict=True))
+    asked = time.monotonic()
     try:
         while pending:
-            job, cell = pending[0]
-            outcome = _job_outcome(job, cell)
-            pending.pop(0)
-            yield outcome
+            states: dict[str, str] = {}
+            if scheduler_states is not None and time.monotonic() - asked >= SCHEDULER_POLL_S:
+                states, asked = scheduler_states([job.job_id for job, _ in pending]) or {}, time.monotonic()
+            for job, cell in list(pending):
+                if job.done():
+                    outcome = _job_outcome(job, cell)
+                elif states.get(job.job_id) == PREEMPTED:
+                    outcome = CellOutcome.interrupted(
+                        cell, f"SLURM job {job.job_id} ended PREEMPTED (not requeued); re-run the grid to resume"
+                    )
+                else:
+                    continue
+                pending.remove((job, cell))
+                yield outcome
+            if pending:
+                time.sleep(COLLECT_POLL_S)
     except KeyboardInterrupt:
         for job, _ in pending:
             with contextlib.suppress(Exception):  # already gone
@@ -690,7 +739,7 @@ class SlurmLauncher(Launcher):
         jobs = self._submit(cells, resources, folder)
         for cell in cells:
             on_start(cell)
-        yield from _collect(jobs, cells)
+        yield from _collect(jobs, cells, scheduler_states=job_states)
 
     def submit(self, cells: Sequence[Cell], resources: ResourcesConfig, folder: Path) -> list[str]:
         return [job.job_id for job in self._submit(cells, resources, folder)]

@@ -125,17 +125,18 @@ def store(runs: Path):
     return client, parents, [r for r in found if r.data.tags.get("kind") != "sweep"]
 
 
-def assert_resumed(runs: Path, scheme: str, job: str, steps: int) -> None:
+def assert_resumed(runs: Path, scheme: str, job: str, steps: int, stopped: str = "REQUEUED") -> None:
     """The cell of ``scheme`` ran in more than one allocation of ``job`` (each but the last
-    requeued), the later one resumed ``last.ckpt``, and the cell is one FINISHED MLflow run whose
-    ``train/loss`` holds every step once, in order."""
+    ended ``stopped``: requeued by submitit, or preempted and requeued by SLURM), the later one
+    resumed ``last.ckpt``, and the cell is one FINISHED MLflow run whose ``train/loss`` holds
+    every step once, in order."""
     outcome = summary(runs)[f"scheme={scheme}"]  # the sweep waited for the last allocation
     assert outcome["status"] == "FINISHED", outcome
     rows = allocations(job)
     states = [row["State"] for row in rows]
     log = (submitit_folder(runs) / f"{job}_0_log.err").read_text()
     ended = [f"{row['State']} (exit {row['ExitCode']}, {row['Start']} to {row['End']})" for row in rows]
-    assert len(states) >= 2 and set(states[:-1]) == {"REQUEUED"} and states[-1] == "COMPLETED", (ended, log[-4000:])
+    assert len(states) >= 2 and set(states[:-1]) == {stopped} and states[-1] == "COMPLETED", (ended, log[-4000:])
     assert "[mesh-train] resuming from" in log and "last.ckpt" in log, log[-3000:]
     client, parents, cells = store(runs)
     assert [p.info.status for p in parents] == ["FINISHED"]
@@ -183,21 +184,62 @@ DDP_STEPS = 100  # signalled after step 10's checkpoint
 
 
 @pytest.mark.slow
-def test_preempted_cells_are_requeued_and_resume_their_runs(cluster, tmp_path, cell):
-    """One task of the array gets USR2 (what SLURM sends before a preemption or the time limit:
-    submitit requeues the job), the other ``scontrol requeue`` (SLURM requeues it: SIGTERM, then
-    pending again)."""
+def test_a_cell_warned_with_usr2_is_requeued_by_submitit_and_resumes_its_run(cluster, tmp_path, cell):
+    """USR2 is what SLURM sends before the time limit (and before a preemption where the cluster
+    sets ``PreemptParameters=send_user_signal``): training stops at the end of the step with
+    last.ckpt saved, submitit requeues the job, and the cell resumes into its run."""
     runs = tmp_path / "runs"
-    process = start_sweep(["schemes", "scheme=base,mesh", *SLURM, *cell(PREEMPT_STEPS), f"runs_dir={runs}"], tmp_path)
+    process = start_sweep(["schemes", "scheme=base", *SLURM, *cell(PREEMPT_STEPS), f"runs_dir={runs}"], tmp_path)
     wait_for(lambda: checkpointed(runs, "base"), 300, process, "the base cell to checkpoint")
-    usr2, requeue = job_ids(submitit_folder(runs))  # the array's tasks, in grid order: base, mesh
-    subprocess.run(["scancel", "--signal=USR2", usr2], check=True, timeout=30)
-    wait_for(lambda: checkpointed(runs, "mesh"), 300, process, "the mesh cell to checkpoint")
-    subprocess.run(["scontrol", "requeue", requeue], check=True, timeout=30)
+    (job,) = job_ids(submitit_folder(runs))
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
     code, out, err = finish(process, tmp_path)
     assert code == 0, out + err
-    assert_resumed(runs, "base", usr2, PREEMPT_STEPS)
-    assert_resumed(runs, "mesh", requeue, PREEMPT_STEPS)
+    assert_resumed(runs, "base", job, PREEMPT_STEPS)
+
+
+@pytest.mark.slow
+def test_preemption_requeues_a_cell_or_ends_it_preempted_and_either_resumes_its_run(cluster, tmp_path, cell):
+    """Real preemption by partition priority (slurm/slurm.conf.in): a job of ``urgent`` takes the
+    node. SLURM sends the cells' tasks SIGTERM: each stops at the end of its step with last.ckpt
+    saved. On ``local`` (PreemptMode=REQUEUE) SLURM requeues the job and the cell resumes into the
+    same run; its sweep finishes. On ``spot`` (PreemptMode=CANCEL) the job ends PREEMPTED, which
+    submitit would wait on forever: the sweep reports the cell stopped and exits 1, and the same
+    command (here on ``local``) resumes it into the same run."""
+    requeued, cancelled = tmp_path / "requeued", tmp_path / "cancelled"
+    for folder in (requeued, cancelled):
+        folder.mkdir()
+    common = ["launcher=slurm", "resources.cpus_per_task=1", "resources.mem_gb=2", *cell(PREEMPT_STEPS)]
+    first = start_sweep(
+        ["schemes", "scheme=base", *common, "launcher.partition=local", f"runs_dir={requeued / 'runs'}"], requeued
+    )
+    second_args = ["schemes", "scheme=mesh", *common, f"runs_dir={cancelled / 'runs'}"]
+    second = start_sweep([*second_args, "launcher.partition=spot"], cancelled)
+    wait_for(lambda: checkpointed(requeued / "runs", "base"), 300, first, "the cell on local to checkpoint")
+    wait_for(lambda: checkpointed(cancelled / "runs", "mesh"), 300, second, "the cell on spot to checkpoint")
+    urgent = ["sbatch", "--parsable", "-p", "urgent", "-c", "2", "--mem=1G", "-o", "/dev/null", "--wrap", "sleep 1"]
+    subprocess.run(urgent, check=True, timeout=30, capture_output=True)
+
+    code, out, err = finish(second, cancelled)
+    assert code == 1, out + err
+    (job,) = job_ids(submitit_folder(cancelled / "runs"))
+    assert [row["State"] for row in allocations(job)] == ["PREEMPTED"]
+    outcome = summary(cancelled / "runs")["scheme=mesh"]
+    assert outcome["status"] == "INTERRUPTED" and f"SLURM job {job} ended PREEMPTED" in outcome["error"], outcome
+    _, _, (stopped,) = store(cancelled / "runs")
+    assert stopped.info.status == "KILLED" and stopped.data.tags["terminated"].startswith("SIGTERM at step ")
+
+    code, out, err = finish(first, requeued)
+    assert code == 0, out + err
+    (job,) = job_ids(submitit_folder(requeued / "runs"))
+    assert_resumed(requeued / "runs", "base", job, PREEMPT_STEPS, stopped="PREEMPTED")
+
+    again = start_sweep([*second_args, "launcher.partition=local"], cancelled, "again")
+    code, out, err = finish(again, cancelled, "again")
+    assert code == 0, out + err
+    client, _, (run,) = store(cancelled / "runs")  # the same run, resumed
+    assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(PREEMPT_STEPS))
 
 
 def seconds_per_step(cell, tmp_path: Path) -> float:
