@@ -424,6 +424,12 @@ class CellJob(submitit.helpers.Checkpointable):
     as the interpreter shuts down, so one that came then would end the job FAILED (exit 140)
     after a successful run."""
 
+    def __init__(self, stop_within_s: float | None = None) -> None:
+        # After USR2, the time training gets to stop and save before submitit requeues the job
+        # anyway (from the last periodic checkpoint): a stop that overran the warning would end
+        # the job TIMEOUT, not requeued.
+        self.stop_within_s = stop_within_s
+
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
         if submitit.JobEnvironment().num_tasks > 1:
             # A port inherited from the submitting shell would be every DDP cell's: each job's
@@ -433,7 +439,7 @@ class CellJob(submitit.helpers.Checkpointable):
             if submitit.JobEnvironment().num_tasks > 1:
                 _join_local_tasks()
             return run_cell_reporting_stops(cell, threads)
-        with _usr2_stops_training_first() as requeue:
+        with _usr2_stops_training_first(self.stop_within_s) as requeue:
             try:
                 return run_cell(cell, threads)
             except (KeyboardInterrupt, SystemExit) as stop:
@@ -479,13 +485,14 @@ def _join_local_tasks() -> None:
 
 
 @contextlib.contextmanager
-def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
+def _usr2_stops_training_first(stop_within_s: float | None = None) -> Iterator[Callable[[], None]]:
     """Inside a SLURM job: USR2 sends this process SIGTERM, which Lightning turns into a stop at
     the end of the step (``last.ckpt`` saved, the MLflow run KILLED with tag ``terminated``).
     Yields the call that then hands USR2 to submitit's handler (checkpoint, requeue, exit); it
     does nothing when no USR2 came. Before training has started (SIGTERM still submitit's) there
     is nothing to save: USR2 goes to submitit at once. When the block ends without an exception
-    (the cell ran to its end) USR2 is ignored from then on; after one, submitit's handler is back."""
+    (the cell ran to its end) USR2 is ignored from then on; after one, submitit's handler is back.
+    A training that has not stopped ``stop_within_s`` after USR2 is handed to submitit then."""
     usr2 = submitit.JobEnvironment._usr_sig()
     submitits = signal.getsignal(usr2)
     sigterm_before = signal.getsignal(signal.SIGTERM)
@@ -499,8 +506,11 @@ def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
         caught.append(signum)
         if signal.getsignal(signal.SIGTERM) is sigterm_before:  # not training (yet, or any more)
             hand_over()
-        else:
-            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if stop_within_s:
+            signal.signal(signal.SIGALRM, lambda *_: hand_over())
+            signal.setitimer(signal.ITIMER_REAL, stop_within_s)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(usr2, stop_training)
     try:
@@ -508,6 +518,8 @@ def _usr2_stops_training_first() -> Iterator[Callable[[], None]]:
     except BaseException:
         signal.signal(usr2, submitits)
         raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(usr2, signal.SIG_IGN)
 
 
@@ -650,6 +662,9 @@ class SlurmLauncher(Launcher):
     qos: str | None = None
     max_parallel: int = 64  # SLURM array parallelism
     max_requeues: int = 3  # times a cell's job is requeued at its time limit before the cell fails
+    # Seconds between SLURM's USR2 warning and the time limit; null: a tenth of the limit, at most
+    # 90 s. Raise it when a step and its checkpoint take long to write (a large model).
+    signal_delay_s: int | None = None
     setup: list[str] = field(default_factory=list)  # shell lines run before each SLURM job
     additional_parameters: dict[str, str] = field(default_factory=dict)  # any other #SBATCH flag
 
@@ -658,6 +673,14 @@ class SlurmLauncher(Launcher):
             raise ConfigError("launcher.max_parallel", self.max_parallel, "must be >= 1")
         if self.max_requeues < 0:
             raise ConfigError("launcher.max_requeues", self.max_requeues, "must be >= 0")
+        if self.signal_delay_s is not None and self.signal_delay_s < 1:
+            raise ConfigError("launcher.signal_delay_s", self.signal_delay_s, "must be >= 1 (seconds), or null")
+
+    def signal_delay(self, resources: ResourcesConfig) -> int:
+        """Seconds between USR2 and the time limit: ``signal_delay_s``, else a tenth of the limit,
+        at most submitit's 90 s. SLURM checks limits every 30 s and sends it up to 30 s earlier
+        still, never later."""
+        return self.signal_delay_s or min(90, resources.time_min * 6)
 
     def check(self, folder: Path, resources: ResourcesConfig) -> None:
         self.executor(folder, resources)
@@ -723,9 +746,7 @@ class SlurmLauncher(Launcher):
             "slurm_setup": list(self.setup),
             "slurm_additional_parameters": dict(self.additional_parameters),
             "slurm_array_parallelism": self.max_parallel,
-            # USR2 a tenth of the time limit before it, at most submitit's 90 s; SLURM checks
-            # limits every 30 s and sends it up to 30 s earlier still, never later.
-            "slurm_signal_delay_s": min(90, resources.time_min * 6),
+            "slurm_signal_delay_s": self.signal_delay(resources),
         }
         params = {**_submitit_parameters(resources), **slurm}
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
@@ -749,8 +770,9 @@ class SlurmLauncher(Launcher):
         if not cells:
             return []
         executor = self.executor(folder, resources)
+        job = CellJob(stop_within_s=self.signal_delay(resources) * 2 / 3)
         with executor.batch():
-            jobs = [executor.submit(CellJob(), cell, None) for cell in cells]
+            jobs = [executor.submit(job, cell, None) for cell in cells]
         record_jobs(folder.parent, {cell.index: job.job_id for cell, job in zip(cells, jobs, strict=True)})
         return jobs
 

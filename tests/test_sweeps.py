@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlflow
@@ -21,6 +22,7 @@ from omegaconf import OmegaConf
 from experiments.compose import compose_config
 from experiments.plan import InputError, plan_run
 from experiments.train import train
+from mesh_model import ConfigError
 from sweeps import launchers
 from sweeps.cells import FINISHED, Cell, CellOutcome
 from sweeps.grid import compose_launch, expand_cells
@@ -283,6 +285,37 @@ def test_a_slurm_cell_ignores_usr2_once_it_has_ended_and_hands_it_to_submitit_af
         assert heard == ([] if ends == "finished" else [usr2])
     finally:
         signal.signal(usr2, previous)
+
+
+def test_a_training_that_does_not_stop_in_time_after_usr2_is_handed_to_submitit_anyway(monkeypatch):
+    """After USR2 the cell has ``stop_within_s`` to stop and save; past it, submitit requeues the
+    job from its last periodic checkpoint, rather than SLURM ending it TIMEOUT at the limit."""
+    usr2 = submitit.JobEnvironment._usr_sig()
+    heard: list[int] = []
+    previous = signal.signal(usr2, lambda signum, frame: heard.append(signum))  # submitit's requeue
+    sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a stop still in progress
+    try:
+        with launchers._usr2_stops_training_first(stop_within_s=0.2):
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)  # training: its own handler
+            os.kill(os.getpid(), usr2)
+            time.sleep(0.1)
+            assert heard == []  # still the training's turn
+            time.sleep(0.4)
+            assert heard == [usr2]  # handed over at 0.2 s
+    finally:
+        signal.signal(usr2, previous)
+        signal.signal(signal.SIGTERM, sigterm)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_usr2_warning_is_a_tenth_of_the_limit_at_most_90_s_or_what_is_asked(tmp_path):
+    from sweeps.config import ResourcesConfig
+
+    assert SlurmLauncher().signal_delay(ResourcesConfig(time_min=5)) == 30
+    assert SlurmLauncher().signal_delay(ResourcesConfig(time_min=2880)) == 90
+    assert SlurmLauncher(signal_delay_s=600).signal_delay(ResourcesConfig(time_min=2880)) == 600
+    with pytest.raises(ConfigError, match=r"launcher.signal_delay_s=0 is invalid: must be >= 1"):
+        SlurmLauncher(signal_delay_s=0).validate()
 
 
 def client_for(runs_dir):
