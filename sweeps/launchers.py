@@ -31,6 +31,7 @@ import submitit
 from mesh_model import ConfigError
 from sweeps.cells import INTERRUPTED, Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
 from sweeps.jobs import PREEMPTED, job_states, record_jobs
+from sweeps.jobs import RUNNING as SLURM_RUNNING
 from sweeps.packing import GB, CellNeeds, Packing, choose_packing, usable_cores
 
 if TYPE_CHECKING:
@@ -453,17 +454,25 @@ SLURM_END_WAIT_S = 600.0  # past any usual GraceTime or KillWait; then a SIGTERM
 
 
 def _leave_the_end_to_slurm() -> None:
-    """After a SIGTERM stop (``last.ckpt`` saved, the run closed): wait, at most
-    :data:`SLURM_END_WAIT_S`, for SLURM to end the job as it meant to (requeue, cancel, preempt).
-    The next SIGTERM (a preemption's grace time is over) ends the process at once."""
+    """After a SIGTERM stop (``last.ckpt`` saved, the run closed): while SLURM still calls the job
+    running (a preemption's grace time, or a SIGTERM SLURM did not send), wait for SLURM to end
+    it as it means to (requeue, preempt), at most :data:`SLURM_END_WAIT_S`; a job SLURM is already
+    ending (``scancel``, ``scontrol requeue``, the time limit) exits at once. The next SIGTERM (the
+    grace time is over) ends the process."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    job = submitit.JobEnvironment().job_id
     print(
-        "[mesh-sweep] stopped on SIGTERM with last.ckpt saved; SLURM ends the job "
-        "(requeued or cancelled, as the cluster's policy says)",
+        f"[mesh-sweep] stopped on SIGTERM with last.ckpt saved; SLURM ends job {job} "
+        "(requeued, preempted or cancelled, as the cluster's policy says)",
         file=sys.stderr,
         flush=True,
     )
-    time.sleep(SLURM_END_WAIT_S)
+    deadline = time.monotonic() + SLURM_END_WAIT_S
+    while time.monotonic() < deadline:
+        state = (job_states([job]) or {}).get(job)
+        if state is not None and state not in SLURM_RUNNING:
+            return
+        time.sleep(2)
 
 
 def _join_local_tasks() -> None:
