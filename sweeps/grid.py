@@ -140,11 +140,15 @@ def grid_cells(name: str, cell_overrides: Sequence[str], launch: LaunchConfig) -
     cells = expand_cells(name, cell_overrides, launch.seeds)
     if extra := launch.launcher.cell_overrides(launch.resources):
         cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
-    memory = launch.launcher.memory_limit(launch.resources)
-    plans = [plan_run(compose_config(c.overrides), memory) for c in cells]
-    for plan in plans:
-        launch.launcher.check_trainer(plan.trainer, launch.resources)
-    return cells, plans
+    return cells, [plan_where_it_runs(compose_config(c.overrides), launch) for c in cells]
+
+
+def plan_where_it_runs(cfg: DictConfig, launch: LaunchConfig) -> RunPlan:
+    """:func:`~experiments.plan.plan_run` for the machine the launcher runs the cell on (a SLURM
+    job's node: its memory, and a trainer that agrees with the GPUs asked for)."""
+    plan = plan_run(cfg, launch.launcher.memory_limit(launch.resources))
+    launch.launcher.check_trainer(plan.trainer, launch.resources)
+    return plan
 
 
 def sweep_dir_for(plan: RunPlan, key: str) -> Path:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from experiments.data.cache import atomic_path
@@ -82,6 +83,19 @@ def job_states(jobs: Iterable[str]) -> dict[str, str] | None:
             for task in array_tasks(job):
                 states.setdefault(task, state.split()[0])  # "CANCELLED by 0" -> CANCELLED
     return {job: states.get(job, GONE) for job in wanted}
+
+
+def wait_for_states(
+    jobs: Sequence[str], settled: Callable[[dict[str, str] | None], bool], timeout_s: float, interval_s: float = 1.0
+) -> dict[str, str] | None:
+    """Ask SLURM for the states of ``jobs`` (:func:`job_states`) every ``interval_s`` until they are
+    ``settled`` or ``timeout_s`` has passed; the last answer (None: SLURM did not answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = job_states(jobs)
+        if settled(states) or time.monotonic() >= deadline:
+            return states
+        time.sleep(interval_s)
 
 
 def _rows(text: str) -> list[tuple[str, str, str]]:

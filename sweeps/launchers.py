@@ -30,7 +30,7 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import INTERRUPTED, Cell, CellOutcome, run_cell, run_cell_reporting_stops, stop_note
-from sweeps.jobs import PREEMPTED, job_states, record_jobs
+from sweeps.jobs import PREEMPTED, job_states, record_jobs, wait_for_states
 from sweeps.jobs import RUNNING as SLURM_RUNNING
 from sweeps.packing import GB, CellNeeds, Packing, choose_packing, usable_cores
 
@@ -432,12 +432,13 @@ class CellJob(submitit.helpers.Checkpointable):
         self.stop_within_s = stop_within_s
 
     def __call__(self, cell: Cell, threads: int | None = None) -> CellOutcome:
-        if submitit.JobEnvironment().num_tasks > 1:
+        several = submitit.JobEnvironment().num_tasks > 1
+        if several:
             # A port inherited from the submitting shell would be every DDP cell's: each job's
             # ranks meet at a port of their own (on SLURM Lightning's, from the job id).
             os.environ.pop("MASTER_PORT", None)
         if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-            if submitit.JobEnvironment().num_tasks > 1:
+            if several:
                 _join_local_tasks()
             return run_cell_reporting_stops(cell, threads)
         with _usr2_stops_training_first(self.stop_within_s) as requeue:
@@ -467,12 +468,11 @@ def _leave_the_end_to_slurm() -> None:
         file=sys.stderr,
         flush=True,
     )
-    deadline = time.monotonic() + SLURM_END_WAIT_S
-    while time.monotonic() < deadline:
-        state = (job_states([job]) or {}).get(job)
-        if state is not None and state not in SLURM_RUNNING:
-            return
-        time.sleep(2)
+
+    def ending(states: dict[str, str] | None) -> bool:
+        return (states or {}).get(job) not in (None, *SLURM_RUNNING)
+
+    wait_for_states([job], ending, SLURM_END_WAIT_S, interval_s=2)
 
 
 def _join_local_tasks() -> None:

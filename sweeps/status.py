@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,18 @@ from experiments.plan import RunPlan
 from experiments.tracking import STOP_TAGS, RunRecord, terminate_run
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, Cell, CellOutcome
 from sweeps.grid import SweepError, grid_cells, read_request, sweep_dir_for, sweep_key
-from sweeps.jobs import COMPLETING, GONE, KILLED_BY, PENDING, RUNNING, cancel, job_states, live, read_jobs
+from sweeps.jobs import (
+    COMPLETING,
+    GONE,
+    KILLED_BY,
+    PENDING,
+    RUNNING,
+    cancel,
+    job_states,
+    live,
+    read_jobs,
+    wait_for_states,
+)
 from sweeps.parent import DETACHED_TAG, ID_FILE, ParentRun
 from sweeps.progress import summary_table
 from sweeps.sweep import conclude, grid_command
@@ -341,18 +351,12 @@ def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
 
 def _after_completing(jobs: Sequence[str], states: dict[str, str]) -> dict[str, str]:
     """SLURM's states of ``jobs`` once none is COMPLETING (at most CANCEL_WAIT_S)."""
-    deadline = time.monotonic() + CANCEL_WAIT_S
-    while time.monotonic() < deadline and any(state == COMPLETING for state in states.values()):
-        time.sleep(1)
-        states = job_states(jobs) or states
-    return states
+    through = wait_for_states(jobs, lambda now: now is not None and COMPLETING not in now.values(), CANCEL_WAIT_S)
+    return through or states
 
 
 def _wait_ended(jobs: Sequence[str]) -> None:
     """Until SLURM says none of ``jobs`` is queued, running or completing (at most CANCEL_WAIT_S)."""
-    deadline = time.monotonic() + CANCEL_WAIT_S
-    while time.monotonic() < deadline:
-        states = job_states(jobs) or {}
-        if not any(live(state) or state == COMPLETING for state in states.values()):
-            return
-        time.sleep(1)
+    wait_for_states(
+        jobs, lambda now: not any(live(state) or state == COMPLETING for state in (now or {}).values()), CANCEL_WAIT_S
+    )

@@ -53,13 +53,13 @@ from experiments.compose import compose_config
 from experiments.console import quiet_libraries, script_command, take_verbose_flag, timestamp
 from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError
-from experiments.plan import InputError, RunPlan, plan_run
+from experiments.plan import InputError, RunPlan
 from experiments.tracking import RunRecord, TrackingError, terminate_run
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
 from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
 from sweeps.config import LaunchConfig
-from sweeps.grid import SweepError, grid_cells, read_request, sweep_dir_for, sweep_key
+from sweeps.grid import SweepError, grid_cells, plan_where_it_runs, read_request, sweep_dir_for, sweep_key
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.launchers import LaunchError
@@ -335,8 +335,7 @@ def run_search_sweep(
     except SearchError as error:
         raise SweepError(str(error)) from None
     overrides = [f"+sweep={name}", *cell_overrides]
-    plan = plan_run(base, launch.launcher.memory_limit(launch.resources))
-    launch.launcher.check_trainer(plan.trainer, launch.resources)
+    plan = plan_where_it_runs(base, launch)
     storage = search.storage or default_storage(plan.run_dir.parent.parent)
     # The study is the same however many trials are asked for: search.* stays out of its key.
     shared = [o for o in cell_overrides if not o.startswith("search.")]
@@ -369,7 +368,9 @@ def run_search_sweep(
 
     def report(outcome: CellOutcome) -> None:
         if outcome.status in (FAILED, INTERRUPTED):
-            settle_run(parent.tracking_uri, plan_run(compose_config(outcome.overrides)).run_dir, outcome)
+            settle_run(
+                parent.tracking_uri, plan_where_it_runs(compose_config(outcome.overrides), launch).run_dir, outcome
+            )
         console.ended(outcome)
         parent.try_progress(outcomes, search.n_trials)
 
