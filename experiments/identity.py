@@ -57,6 +57,10 @@ REPLICATE_KEY = "seed"
 # duplicates Lightning logged from its hyperparameters in stores written before it stopped.
 DERIVED_PARAMS = ("config_hash", "peak_lr", "val_names", "model_config.", "model_config/")
 VANILLA = "vanilla"
+# How the initial weights follow from the seed (mesh_model/init.py: one stream per tensor's role).
+# Hashed: runs from before it drew in build order (MeSH's routers shifted the shared weights),
+# so a grid does not mix them with runs that pair.
+INIT = "per-tensor-streams"
 
 
 def _covers(prefixes: tuple[str, ...], key: str) -> bool:
@@ -108,7 +112,7 @@ def identity_fields(config: Mapping[str, Any], model_config: ModelConfig) -> dic
     schemes) and every config key that changes the computation, model axes excluded."""
     model = {**model_config.to_dict(), "buffer_slots": model_config.slots}
     rest = _prune({k: v for k, v in config.items() if k not in MODEL_AXES})
-    return json.loads(json.dumps({"model": model, **rest}, default=str))
+    return json.loads(json.dumps({"model": model, "init": INIT, **rest}, default=str))
 
 
 def config_hash(config: Mapping[str, Any], model_config: ModelConfig) -> str:

@@ -40,6 +40,7 @@ class MeshLitModule(pl.LightningModule):
         val_names: list[str],
         compile: bool = False,
         activation_checkpointing: bool = False,
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
         # Kept in checkpoints (experiments.checkpoints rebuilds the model from them), not logged:
@@ -47,7 +48,9 @@ class MeshLitModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["optim"], logger=False)
         self.optim = optim
         self.config = ModelConfig(**model_config)
-        self.model = build_model(self.config, activation_checkpointing=activation_checkpointing)
+        # The run's seed fixes the initial weights, tensor by tensor (mesh_model.init): two schemes at
+        # one seed start from the same shared weights, so comparisons over seeds pair.
+        self.model = build_model(self.config, activation_checkpointing=activation_checkpointing, init_seed=init_seed)
         self.forward_model = torch.compile(self.model) if compile else self.model
         self.peak_lr = peak_lr
         self.max_steps = max_steps

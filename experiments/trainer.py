@@ -28,6 +28,7 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
         val_names=val_names,
         compile=plan.config["compile"],
         activation_checkpointing=plan.config["activation_checkpointing"],
+        init_seed=plan.config["seed"],
     )
 
 

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from mesh_model.config import ModelConfig
+from mesh_model.init import SeededInit
 from mesh_model.layers import Block, Stack, rotary_tables
 from mesh_model.loss import IGNORE_INDEX, linear_cross_entropy, shifted_targets
 from mesh_model.moe import BlockRouting, ExpertLinear, RouterCall, block_routing, combine
@@ -62,9 +63,17 @@ class MeshTransformer(nn.Module):
       buffer, the reference that tests and benchmarks compare it with.
     """
 
-    def __init__(self, config: ModelConfig, activation_checkpointing: bool = False, mesh_buffer: str = "lean") -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        activation_checkpointing: bool = False,
+        mesh_buffer: str = "lean",
+        init_seed: int | None = None,
+    ) -> None:
         super().__init__()
         check_mesh_buffer(mesh_buffer)
+        # Drawn before any module is built, so that a global seed pairs too (mesh_model.init).
+        self.seeded_init = SeededInit(init_seed) if init_seed is not None else SeededInit.from_global_rng()
         self.config = config
         self.activation_checkpointing = activation_checkpointing
         layout = config.parsed_layout
@@ -98,6 +107,7 @@ class MeshTransformer(nn.Module):
         names += [f"cores.{c}.{i}" for c, n in enumerate(layout.cores) for i in range(n)]
         names += [f"coda.{i}" for i in range(layout.coda)]
         self.moe_block_index = {name: i for i, name in enumerate(names) if i in moe_blocks}
+        self._block_keys = {name: f"block{i}" for i, name in enumerate(names)}
         stacks = ["prelude", *(f"cores.{c}" for c in range(len(layout.cores))), "coda"]
         self._routed_names = {s: tuple(n for n in self.moe_block_index if n.rsplit(".", 1)[0] == s) for s in stacks}
         self.reset_parameters()
@@ -105,22 +115,34 @@ class MeshTransformer(nn.Module):
     def reset_parameters(self) -> None:
         """Normal(0, init_std) weights (MoE routers and experts too), zero biases, unit LayerNorms;
         output projections of every block (attention dense, MLP down or every expert's down) get
-        std / sqrt(2 * compute depth)."""
+        std / sqrt(2 * compute depth). Each weight draws from its own seeded stream, keyed by its
+        role (:meth:`init_key`), so variants built with one seed share every common tensor."""
         std = self.config.init_std
-        for module in self.modules():
+        out_std = std / math.sqrt(2 * self.config.compute_depth)
+        projections = {id(module) for block in self.blocks() for module in block.output_projections()}
+        for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding, ExpertLinear)):
-                nn.init.normal_(module.weight, std=std)
+                module_std = out_std if id(module) in projections else std
+                self.seeded_init.normal_(module.weight, module_std, self.init_key(f"{name}.weight"))
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-        out_std = std / math.sqrt(2 * self.config.compute_depth)
-        for block in self.blocks():
-            for projection in block.output_projections():
-                nn.init.normal_(projection.weight, std=out_std)
         if self.state_passing is not None:
-            self.state_passing.reset_parameters()
+            self.state_passing.reset_parameters(self.seeded_init)
+
+    def init_key(self, name: str) -> str:
+        """The role of parameter ``name``: ``block<i>.<rest>`` for the i-th distinct block (build
+        order: prelude, cores, coda), ``scheme/<rest>`` for the scheme's own, else ``name``."""
+        parts = name.split(".")
+        if parts[0] == "state_passing":
+            return "scheme/" + ".".join(parts[1:])
+        depth = 3 if parts[0] == "cores" else 2
+        block = ".".join(parts[:depth])
+        if block in self._block_keys:
+            return ".".join([self._block_keys[block], *parts[depth:]])
+        return name
 
     def blocks(self) -> list[Block]:
         """Every distinct block once."""
@@ -226,11 +248,18 @@ class MeshTransformer(nn.Module):
 
 
 def build_model(
-    config: ModelConfig, activation_checkpointing: bool = False, mesh_buffer: str = "lean"
+    config: ModelConfig,
+    activation_checkpointing: bool = False,
+    mesh_buffer: str = "lean",
+    init_seed: int | None = None,
 ) -> MeshTransformer:
     """Build the model for ``config`` on the current default device (``torch.device('meta')`` works).
-    The options are :class:`MeshTransformer`'s; an unknown ``mesh_buffer`` is a ConfigError."""
-    return MeshTransformer(config, activation_checkpointing=activation_checkpointing, mesh_buffer=mesh_buffer)
+    The options are :class:`MeshTransformer`'s; an unknown ``mesh_buffer`` is a ConfigError.
+    ``init_seed`` fixes the initial weights (:mod:`mesh_model.init`); None draws it from torch's
+    global generator."""
+    return MeshTransformer(
+        config, activation_checkpointing=activation_checkpointing, mesh_buffer=mesh_buffer, init_seed=init_seed
+    )
 
 
 __all__ = ["MeshTransformer", "ModelOutput", "build_model"]

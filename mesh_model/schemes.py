@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from mesh_model.errors import ConfigError
+from mesh_model.init import SeededInit
 from mesh_model.scheme_names import (  # re-exported: the names were defined here before
     SCHEME_FORMS,
     SUPPLEMENT_TERMS,
@@ -54,8 +55,9 @@ class LoopState:
 class StatePassing(nn.Module):
     """Base class: h(0) is the prelude output, the coda gets h(K). No parameters of its own."""
 
-    def reset_parameters(self) -> None:
-        """Re-initialise the scheme's own parameters (after the model's generic init); none here."""
+    def reset_parameters(self, init: SeededInit | None = None) -> None:
+        """Re-initialise the scheme's own parameters (after the model's generic init) from ``init``'s
+        ``scheme/...`` streams (None: a seed from torch's global generator); none here."""
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> LoopState:
         return LoopState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
@@ -91,6 +93,10 @@ class StaticCombination(StatePassing):
         super().__init__()
         self.coefficients = nn.Parameter(torch.ones(loops, 3))
 
+    def reset_parameters(self, init: SeededInit | None = None) -> None:
+        with torch.no_grad():
+            self.coefficients.fill_(1.0)
+
     def step(self, t: int, core_out: Tensor, state: LoopState) -> LoopState:
         a = self.coefficients[t]
         state.h = a[0] * core_out + a[1] * state.h0 + a[2] * state.h_emb
@@ -105,7 +111,7 @@ class DynamicCombination(StatePassing):
         self.coefficient_routers = nn.ModuleList(nn.Linear(d_model, 3) for _ in range(loops))
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, init: SeededInit | None = None) -> None:
         for router in self.coefficient_routers:
             nn.init.zeros_(router.weight)
             nn.init.ones_(router.bias)
@@ -174,11 +180,13 @@ class MeSH(StatePassing):
         self.read_routers = nn.ModuleList(nn.Linear(d_model, slots) for _ in range(loops + 1))
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, init: SeededInit | None = None) -> None:
         """Small random weights, zero bias: near-uniform routing at init."""
-        for router in (*self.write_routers, *self.read_routers):
-            nn.init.normal_(router.weight, std=self.init_std)
-            nn.init.zeros_(router.bias)
+        init = init or SeededInit.from_global_rng()
+        for kind in ("write_routers", "read_routers"):
+            for i, router in enumerate(getattr(self, kind)):
+                init.normal_(router.weight, self.init_std, f"scheme/{kind}.{i}.weight")
+                nn.init.zeros_(router.bias)
 
     def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: MeshState) -> Tensor:
         write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
