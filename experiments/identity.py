@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mesh_model import PRESETS, ConfigError, ModelConfig, SchemeSpec
+from mesh_model import PRESETS, ConfigError, ModelConfig, SchemeSpec, did_you_mean
 
 # Config keys (dotted; a key covers its children) that do not change what a run computes.
 RUN_INVARIANT_KEYS = (
@@ -81,7 +81,8 @@ def model_config_for(cfg: Mapping[str, Any], vocab_size: int | None = None) -> M
     """The run's ModelConfig. ``scheme=vanilla`` means the plain model at the compute depth of
     the layout (so a grid over schemes includes its compute-matched baseline)."""
     if cfg["model"] not in PRESETS:
-        raise ConfigError("model", cfg["model"], f"known presets: {', '.join(PRESETS)}")
+        known = f"{did_you_mean(cfg['model'], PRESETS)}known presets: {', '.join(PRESETS)}"
+        raise ConfigError("model", cfg["model"], known)
     overrides: dict[str, Any] = dict(cfg.get("model_overrides") or {})
     vanilla = cfg["scheme"] == VANILLA
     slots = cfg.get("buffer_slots")

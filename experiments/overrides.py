@@ -18,7 +18,7 @@ from omegaconf.errors import ValidationError
 from experiments.compose import group_options
 from experiments.config import GLOBAL_GROUPS, GROUP_SCHEMAS, TrainConfig
 from experiments.store_check import check_runs_dir
-from mesh_model import ConfigError
+from mesh_model import ConfigError, did_you_mean
 
 # Keys whose children are free-form (any ModelConfig field may be set under them).
 OPEN_KEYS = ("model_overrides",)
@@ -81,7 +81,8 @@ def check_overrides(
             )
             for value in values:
                 if value not in options:
-                    raise OverrideError(f"{key}={value!r} is invalid: known options: {', '.join(options)}")
+                    suggestion = did_you_mean(value, options)
+                    raise OverrideError(f"{key}={value!r} is invalid: {suggestion}known options: {', '.join(options)}")
             continue
         if key.split(".")[0] in open_keys:
             continue
@@ -92,7 +93,7 @@ def check_overrides(
             known = sorted(k for k in (node.keys() if OmegaConf.is_dict(node) else []))
             where = f" under {parent!r}" if parent else ""
             listed = ", ".join(map(str, known)) or "(none)"
-            raise OverrideError(f"{key!r} is not a config key{where}; known keys: {listed}")
+            raise OverrideError(f"{key!r} is not a config key{where}; {did_you_mean(leaf, known)}known keys: {listed}")
         if override.is_delete():
             continue
         for value in _values(override):

@@ -25,6 +25,7 @@ _EXPORTS = {
     "ModelConfig": "config",
     "Preset": "config",
     "ConfigError": "errors",
+    "did_you_mean": "errors",
     "from_hf_gpt_neox": "hf_interop",
     "to_hf_gpt_neox": "hf_interop",
     "Layout": "layout",
@@ -44,6 +45,7 @@ __all__ = [
     "SchemeSpec",
     "build_model",
     "count_parameters",
+    "did_you_mean",
     "flops_per_token",
     "from_hf_gpt_neox",
     "non_embedding_of",
@@ -54,7 +56,7 @@ assert sorted(__all__) == sorted(_EXPORTS)
 if TYPE_CHECKING:
     from mesh_model.accounting import count_parameters, flops_per_token, non_embedding_of
     from mesh_model.config import PRESETS, ModelConfig, Preset
-    from mesh_model.errors import ConfigError
+    from mesh_model.errors import ConfigError, did_you_mean
     from mesh_model.hf_interop import from_hf_gpt_neox, to_hf_gpt_neox
     from mesh_model.layout import Layout
     from mesh_model.model import MeshTransformer, ModelOutput, build_model

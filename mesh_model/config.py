@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mesh_model.errors import ConfigError
+from mesh_model.errors import ConfigError, did_you_mean
 from mesh_model.layout import Layout
 from mesh_model.scheme_names import SchemeSpec
 
@@ -310,7 +310,7 @@ class ModelConfig:
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A preset's shape and layout, with any field overridden (``scheme='mesh'``...)."""
         if name not in PRESETS:
-            raise ConfigError("preset", name, f"known presets: {', '.join(PRESETS)}")
+            raise ConfigError("preset", name, f"{did_you_mean(name, PRESETS)}known presets: {', '.join(PRESETS)}")
         _check_field_names(overrides)
         preset = PRESETS[name]
         values: dict[str, Any] = {

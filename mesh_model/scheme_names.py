@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from mesh_model.errors import ConfigError
+from mesh_model.errors import ConfigError, did_you_mean
 
 SUPPLEMENT_TERMS = ("residual", "anchor", "anchor_emb")
 LEARNED_SCHEMES = ("static", "dynamic", "mesh")
@@ -25,6 +25,15 @@ _TERM = re.compile(r"^(?:(?P<coef>[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[
 # magnitude per iteration (and 1e400 is not even a float), which is a typo, not an ablation.
 MAX_COEFFICIENT = 100.0
 _ALIASES = {"anchor*": "anchor_emb", "anchor_star": "anchor_emb", "f": "core"}
+# The names a mistyped scheme is matched against for a suggestion.
+NAMED_SCHEMES = (
+    "base", *LEARNED_SCHEMES, *SUPPLEMENT_TERMS, "anchor*", "vanilla",
+    "residual+anchor", "residual+anchor+anchor_emb", "anchor+anchor_emb",
+)  # fmt: skip
+
+
+def unknown_scheme(text: str) -> ConfigError:
+    return ConfigError("scheme", text, did_you_mean(text, NAMED_SCHEMES) + UNKNOWN_SCHEME)
 
 
 @dataclass(frozen=True)
@@ -55,10 +64,10 @@ class SchemeSpec:
         for term in name.split("+") if name else [""]:
             match = _TERM.match(term)
             if match is None:
-                raise ConfigError("scheme", text, UNKNOWN_SCHEME)
+                raise unknown_scheme(text)
             term_name = _ALIASES.get(match.group("name"), match.group("name"))
             if term_name not in ("core", *SUPPLEMENT_TERMS) or term_name in coefficients:
-                raise ConfigError("scheme", text, UNKNOWN_SCHEME)
+                raise unknown_scheme(text)
             coefficients[term_name] = _coefficient(text, term_name, match.group("coef"))
         if not any(t in coefficients for t in SUPPLEMENT_TERMS) and coefficients.get("core", 1.0) == 1.0:
             return cls(kind="base")

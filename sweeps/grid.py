@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.compose import compose_config, group_options
 from experiments.overrides import OverrideError, check_overrides, parse_overrides
 from experiments.plan import RunPlan, plan_run
-from mesh_model import ConfigError
+from mesh_model import ConfigError, did_you_mean
 from sweeps.cells import Cell
 from sweeps.config import CONFIG_MODULE, LaunchConfig, ResourcesConfig, register_launch_configs
 from sweeps.grids import sweep_names
@@ -127,7 +127,8 @@ def sweep_key(name: str, cells: Sequence[Cell]) -> str:
 def read_request(name: str, arguments: Sequence[str]) -> tuple[LaunchConfig, list[str], DictConfig]:
     """(launch settings, the overrides of every cell, the sweep's config without its grid), checked."""
     if name not in sweep_names():
-        raise SweepError(f"sweep={name!r} is invalid: known sweeps: {', '.join(sweep_names())}")
+        known = sweep_names()
+        raise SweepError(f"sweep={name!r} is invalid: {did_you_mean(name, known)}known sweeps: {', '.join(known)}")
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)

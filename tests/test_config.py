@@ -76,7 +76,10 @@ def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ConfigError) as info:
         ModelConfig.from_preset("pythia-3b")
     message = str(info.value)
-    assert message.startswith("preset='pythia-3b' is invalid: known presets: ")
+    assert message.startswith(
+        "preset='pythia-3b' is invalid: did you mean 'pythia-1b' or 'pythia-6.9b' or 'pythia-2.8b'? "
+    )
+    assert "known presets: " in message
     for name in PRESETS:
         assert name in message
 

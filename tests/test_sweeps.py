@@ -212,9 +212,13 @@ def test_bad_sweep_requests_answer_in_one_line(capsys, tmp_path):
     assert capsys.readouterr().err.strip() == (
         "error: sweep='nosuch' is invalid: known sweeps: " + ", ".join(sweep_names())
     )
+    assert main(["schemez"]) == 2  # a typo gets the closest name first
+    assert capsys.readouterr().err.startswith(
+        "error: sweep='schemez' is invalid: did you mean 'schemes'? known sweeps: "
+    )
     assert main(["schemes", "launcher=slurmx", "--dry-run"]) == 2
     assert (
-        "launcher='slurmx' is invalid: known options: auto, local, parallel, slurm, submitit_local"
+        "launcher='slurmx' is invalid: did you mean 'slurm'? known options: auto, local, parallel, slurm, submitit_local"
         in capsys.readouterr().err
     )
     assert main(["schemes", "layout=4+8R0+4", f"runs_dir={tmp_path}", "--dry-run"]) == 2

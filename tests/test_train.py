@@ -174,12 +174,19 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compos
             ["nonexistent=1"],
             "error: 'nonexistent' is not a config key; known keys: activation_checkpointing, allow_large, buffer_slots",
         ),
-        (["data.seq_lenn=64"], "error: 'data.seq_lenn' is not a config key under 'data'; known keys: batch_size"),
+        (
+            ["data.seq_lenn=64"],
+            "error: 'data.seq_lenn' is not a config key under 'data'; did you mean 'seq_len'? known keys: batch_size",
+        ),
         (
             ["data=wikipedia"],
             "error: data='wikipedia' is invalid: known options: cpython, hf, indexed, kjv, shakespeare, text",
         ),
-        (["model=pythia-3b"], "error: model='pythia-3b' is invalid: known presets: pythia-70m"),
+        (
+            ["model=tiniest"],
+            "error: model='tiniest' is invalid: did you mean 'tiny' or 'tiny-moe'? known presets: pythia-70m",
+        ),
+        (["scheme=mesh2"], "error: scheme='mesh2' is invalid: did you mean 'mesh'? use base, mesh, static, dynamic"),
         (["layout=4+8R0+4"], "error: layout='4+8R0+4' is invalid: the loop count must be at least 1"),
         (["scheme=mesh", "buffer_slots=0"], "error: buffer_slots=0 is invalid: MeSH needs at least 1 slot"),
         (["data.seq_len=100000"], "error: data.seq_len=100000 is invalid: the model's max_seq_len is 256"),
