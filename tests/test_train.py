@@ -195,13 +195,11 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compos
     ],
 )
 def test_bad_input_stops_with_one_line(tmp_path, tiny_overrides, args, expected):
-    start = time.time()
     result = run_cli(*tiny_overrides(f"runs_dir={tmp_path}", *args))
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr
-    assert not list(tmp_path.glob("mesh/*/checkpoints"))
-    assert time.time() - start < 60
+    assert not list(tmp_path.glob("mesh/*/checkpoints"))  # stopped before any run started
 
 
 def test_unreadable_and_empty_corpus_stop_before_training(tmp_path, tiny_overrides):
