@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.compose import compose_config, group_options
 from experiments.overrides import OverrideError, check_overrides, parse_overrides
-from experiments.plan import RunPlan, plan_run
+from experiments.plan import RunPlan, plan_run, with_seed
 from mesh_model import ConfigError, did_you_mean
 from sweeps.cells import Cell
 from sweeps.config import CONFIG_MODULE, LaunchConfig, ResourcesConfig, register_launch_configs
@@ -141,7 +141,25 @@ def grid_cells(name: str, cell_overrides: Sequence[str], launch: LaunchConfig) -
     cells = expand_cells(name, cell_overrides, launch.seeds)
     if extra := launch.launcher.cell_overrides(launch.resources):
         cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
-    return cells, [plan_where_it_runs(compose_config(c.overrides), launch) for c in cells]
+    return cells, plan_cells(cells, launch)
+
+
+def plan_cells(cells: Sequence[Cell], launch: LaunchConfig) -> list[RunPlan]:
+    """Every cell's plan, each distinct config composed and checked once: cells that differ only
+    in their seed get its plan at their seed (:func:`~experiments.plan.with_seed`), so a grid of
+    thousands of seeds plans in about the time of its distinct configs."""
+    planned: dict[tuple[str, ...], RunPlan] = {}
+    plans = []
+    for cell in cells:
+        seeds = [o.split("=", 1)[1] for o in cell.overrides if o.startswith("seed=")]
+        rest = tuple(o for o in cell.overrides if not o.startswith("seed="))
+        if len(seeds) != 1 or not _is_int(seeds[0]):  # no seed axis (or an odd one): plan it whole
+            plans.append(plan_where_it_runs(compose_config(cell.overrides), launch))
+            continue
+        if rest not in planned:
+            planned[rest] = plan_where_it_runs(compose_config(cell.overrides), launch)
+        plans.append(with_seed(planned[rest], int(seeds[0])))
+    return plans
 
 
 def plan_where_it_runs(cfg: DictConfig, launch: LaunchConfig) -> RunPlan:
