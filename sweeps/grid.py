@@ -120,7 +120,16 @@ def expand_cells(name: str, cell_overrides: Sequence[str], seeds: Sequence[int])
 
 
 def sweep_key(name: str, cells: Sequence[Cell]) -> str:
+    """An Optuna search's key (its study's name): the overrides it was started with."""
     digest = hashlib.sha256(json.dumps([c.overrides for c in cells]).encode()).hexdigest()[:10]
+    return f"{name}-{digest}"
+
+
+def grid_key(name: str, plans: Sequence[RunPlan]) -> str:
+    """A grid's key: the runs it computes (their hashes, in grid order), not how it was spelled
+    or where its store lives (``runs_dir``, ``tracking.*``, ``checkpoint_every`` stay out), so
+    ``--status`` finds a grid from any path to its store and ``tokens=`` finds it as ``max_steps=``."""
+    digest = hashlib.sha256(json.dumps([p.config_hash for p in plans]).encode()).hexdigest()[:10]
     return f"{name}-{digest}"
 
 

@@ -41,6 +41,15 @@ if TYPE_CHECKING:
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DETACHED_TAG = "detached"  # the grid's jobs were submitted by a mesh-sweep that did not wait for them
 ID_FILE = "parent_run_id"  # in the sweep's folder
+COMMAND_FILE = "command"  # in the sweep's folder: the latest mesh-sweep command that ran the grid
+
+
+def grids_in(sweeps_dir: Path, name: str) -> list[tuple[str, str]]:
+    """(key, command) of every grid of sweep ``name`` that ran under ``sweeps_dir``
+    (``<runs_dir>/<experiment>/sweeps``), newest first; command is "" where none was kept."""
+    found = [d for d in sweeps_dir.glob(f"{name}-*") if (d / ID_FILE).is_file()] if sweeps_dir.is_dir() else []
+    found.sort(key=lambda d: (d / ID_FILE).stat().st_mtime, reverse=True)
+    return [(d.name, (d / COMMAND_FILE).read_text().strip() if (d / COMMAND_FILE).is_file() else "") for d in found]
 
 
 def val_sets(plans: Sequence[RunPlan]) -> list[str]:
@@ -128,6 +137,8 @@ class ParentRun:
             run = client.get_run(run_id)
         parent = cls(plan.tracking_uri, run_id, run.info.experiment_id, client)
         parent.set_tags({**tags, "git_commit": git_commit(PROJECT_ROOT)})
+        if "command" in tags:  # what --status offers when a command does not name this grid
+            (sweep_dir / COMMAND_FILE).write_text(tags["command"] + "\n")
         if val_sets:
             parent.view = write_key_metrics_view(client, parent.experiment_id, val_sets)
         return parent

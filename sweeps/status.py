@@ -41,7 +41,7 @@ from experiments.locks import RunLock
 from experiments.plan import RunPlan
 from experiments.tracking import STOP_TAGS, RunRecord, terminate_run
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, Cell, CellOutcome
-from sweeps.grid import SweepError, grid_cells, read_request, sweep_dir_for, sweep_key
+from sweeps.grid import SweepError, grid_cells, grid_key, read_request, sweep_dir_for
 from sweeps.jobs import (
     COMPLETING,
     GONE,
@@ -54,7 +54,7 @@ from sweeps.jobs import (
     read_jobs,
     wait_for_states,
 )
-from sweeps.parent import DETACHED_TAG, ID_FILE, ParentRun
+from sweeps.parent import DETACHED_TAG, ID_FILE, ParentRun, grids_in
 from sweeps.progress import summary_table
 from sweeps.sweep import conclude, grid_command
 
@@ -117,12 +117,19 @@ def find_grid(name: str, arguments: Sequence[str]) -> Grid:
     if base.search.n_trials > 0:
         raise SweepError(f"--status and --cancel are for grids; {name} is an Optuna search (re-running it resumes)")
     cells, plans = grid_cells(name, cell_overrides, launch)
-    key = sweep_key(name, cells)
+    key = grid_key(name, plans)
     grid = Grid(name, list(arguments), cells, plans, key, sweep_dir_for(plans[0], key))
     ran = (grid.sweep_dir / ID_FILE).exists() or any(
         p.result_file.exists() or (p.run_dir / RunRecord.ID_FILE).exists() for p in plans
     )
     if not ran:
+        others = grids_in(grid.sweep_dir.parent, name)
+        if others:
+            listed = "; ".join(f"`{command} --status`" if command else f"key {k}" for k, command in others[:5])
+            raise SweepError(
+                f"no runs of this grid ({len(cells)} cells, key {key}) in {grid.sweep_dir.parent.parent}, "
+                f"but {len(others)} other {name} grid(s) ran there (newest first): {listed}"
+            )
         raise SweepError(
             f"no runs of this grid yet ({len(cells)} cells, key {key}, in {grid.sweep_dir.parent.parent}): "
             f"start it with `{grid_command(name, arguments)}`"

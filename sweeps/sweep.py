@@ -59,7 +59,7 @@ from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
 from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
 from sweeps.config import LaunchConfig
-from sweeps.grid import SweepError, grid_cells, plan_where_it_runs, read_request, sweep_dir_for, sweep_key
+from sweeps.grid import SweepError, grid_cells, grid_key, plan_where_it_runs, read_request, sweep_dir_for, sweep_key
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.launchers import LaunchError
@@ -97,7 +97,7 @@ def run_sweep(
         print_dry_run(name, cells, plans, out)
         return 0
 
-    key = sweep_key(name, cells)
+    key = grid_key(name, plans)
     sweep_dir = sweep_dir_for(plans[0], key)
     launch.launcher.check(sweep_dir / "submitit", launch.resources)
     # One mesh-sweep at a time per grid (a second one would submit or train its cells again); a

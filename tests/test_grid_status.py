@@ -189,12 +189,12 @@ def test_jobs_json_written_by_two_processes_at_once_keeps_every_job_and_always_p
 
 
 def test_a_second_mesh_sweep_of_a_grid_in_progress_is_refused_naming_the_first(tmp_path, cell, capsys):
-    from sweeps.grid import grid_cells, read_request, sweep_dir_for, sweep_key
+    from sweeps.grid import grid_cells, grid_key, read_request, sweep_dir_for
 
     args = [*GRID, *cell, f"runs_dir={tmp_path}"]
     launch, overrides, _ = read_request(args[0], args[1:])
     cells, plans = grid_cells(args[0], overrides, launch)
-    sweep_dir = sweep_dir_for(plans[0], sweep_key(args[0], cells))
+    sweep_dir = sweep_dir_for(plans[0], grid_key(args[0], plans))
     with RunLock(sweep_dir, "grid"):  # as the mesh-sweep running it holds it
         assert main(args) == 2
     assert capsys.readouterr().err == (
