@@ -260,6 +260,7 @@ def train_help(doc: str) -> str:
         for option, note in group_options(group):
             mark = " (default)" if defaults.get(group) == option else ""
             out.append(_row(f"{group}={option}", f"{note}{mark}"))
+    out += ["", *model_choices()]
     out += ["", "keys (KEY=VALUE, default shown; a group's keys as GROUP.KEY):"]
     out += _keys(root, "")
     for key, class_name in root.nested.items():
@@ -268,6 +269,22 @@ def train_help(doc: str) -> str:
         out += _keys(schema, f"{key}.")
     out += ["", "flags:"] + [_row(flag, note) for flag, note in FLAGS]
     return "\n".join(out) + "\n"
+
+
+def model_choices() -> list[str]:
+    """The presets (``model=``) with their shapes, and the schemes (``scheme=``)."""
+    from mesh_model import PRESETS
+    from mesh_model.scheme_names import NAMED_SCHEMES
+
+    out = ["presets (model=NAME: d_model, heads, vanilla depth, paper layout, peak LR):"]
+    for name, p in PRESETS.items():
+        moe = f", MoE {p.moe_experts} experts top-{p.moe_top_k}" if p.moe_experts else ""
+        out.append(
+            _row(f"model={name}", f"d={p.d_model}, {p.n_heads} heads, {p.layers} layers, {p.layout}, lr {p.lr:g}{moe}")
+        )
+    out += ["schemes (scheme=NAME; any '+'-joined, optionally weighted, sum of residual, anchor, anchor_emb too):"]
+    out.append("  " + ", ".join(n for n in NAMED_SCHEMES if n != "anchor*") + " (anchor* = anchor_emb)")
+    return out
 
 
 def _keys(schema: Schema, prefix: str) -> list[str]:

@@ -1,12 +1,14 @@
 """``mesh-demo``: the main job. The paper's central comparison at CPU scale, from one command.
 
-It runs a grid (sweeps) and then reads it back (results), so it lives in the top layer.
-
 Runs the ``schemes`` grid (vanilla, base, residual, anchor, anchor*, MeSH at the tiny preset's
 1+2R2+1 layout) on the embedded Shakespeare corpus with two seeds, then builds the results
 table, figures and report from MLflow, prints the table, and says where everything is. About
-10-20 minutes on 2 CPU cores; re-running it skips what already finished.
+10-20 minutes on 2 CPU cores; re-running it skips what already finished, so
+`mesh-demo --seeds 3` adds a third seed to the same grid. It ends with the grid's
+`mesh-sweep ... --status` command.
 """
+
+# It runs a grid (sweeps) and then reads it back (results), so it lives in the top layer.
 
 from __future__ import annotations
 
@@ -36,11 +38,12 @@ def run_main_job(
 ) -> int:
     from experiments.tracking import runs_list_url
     from results.report import build_report
-    from sweeps.sweep import run_sweep
+    from sweeps.sweep import grid_command, run_sweep
 
     runs = Path(runs_dir).resolve()
     out_dir = Path(out or f"results/{SWEEP}").resolve()
-    sweep_status = run_sweep(SWEEP, main_job_arguments(steps, seeds, runs, extra))
+    arguments = main_job_arguments(steps, seeds, runs, extra)
+    sweep_status = run_sweep(SWEEP, arguments)
     store = f"sqlite:///{runs / 'mlflow.db'}"
     output = build_report(SWEEP, [SWEEP], store, out_dir)
     print()
@@ -51,6 +54,8 @@ def run_main_job(
     print(
         "         (experiment 'schemes': one parent run, whose description holds the table and the claims, and one child run per cell)"
     )
+    print(f"Status:  {grid_command(SWEEP, arguments, '--status')}")
+    print(f"Seeds:   mesh-demo --seeds {seeds + 1} adds seed {seeds} to every scheme (what finished is kept)")
     return sweep_status
 
 

@@ -65,6 +65,7 @@ def test_every_cli_prints_its_version_and_plain_help(script):
     helped = _cli(script, "--help")
     assert helped.returncode == 0, helped.stderr
     assert "``" not in helped.stdout and ":func:`" not in helped.stdout and "--version" in helped.stdout
+    assert "top layer" not in helped.stdout  # notes for the code's readers stay out of --help
 
 
 def test_help_text_is_plain():
@@ -90,6 +91,12 @@ def test_mesh_train_help_lists_the_run_groups_and_keys_not_hydras():
     for key in ("data.seq_len=", "trainer.accelerator=cpu", "optim.lr=null", "probes.num_batches=2", "runs_dir=runs"):
         assert key in out
     assert "activation_checkpointing=false  recompute each core iteration in backward" in out
+    # Every preset with its shape, and the scheme names.
+    from mesh_model import PRESETS
+
+    assert all(f"  model={name} " in out for name in PRESETS)
+    assert "model=pythia-410m               d=1024, 16 heads, 24 layers, 4+8R2+4, lr 0.0003" in out
+    assert "  base, static, dynamic, mesh, residual, anchor, anchor_emb, vanilla, residual+anchor," in out
     assert "Powered by Hydra" not in out and "hydra/launcher" not in out and "hydra/sweeper" not in out
     assert "resources" not in out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from results.claims import load_claims
 from results.main_job import run_main_job
+from sweeps.status import find_grid
 
 SCHEMES = ["vanilla", "base", "residual", "anchor", "anchor_emb", "mesh"]
 
@@ -96,3 +98,9 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert (
         f"MLflow:  {Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {store}, then open {page}" in printed
     )
+    # It ends with the grid's --status command, which finds the grid from its store as printed.
+    (status_line,) = [line for line in printed.splitlines() if line.startswith("Status:  ")]
+    status_args = shlex.split(status_line.removeprefix("Status:  "))
+    assert status_args[1] == "schemes" and status_args[-1] == "--status"
+    assert find_grid("schemes", status_args[2:-1]).key.startswith("schemes-")
+    assert "Seeds:   mesh-demo --seeds 3 adds seed 2 to every scheme" in printed
