@@ -15,6 +15,18 @@ Choices, made once here:
   ``core{t}`` maps h(t-1) -> h(t), so it includes what the scheme adds to f (for ``residual``,
   h(t) = f + h(t-1), it is about 2/3 whatever f does). Logged beside the update, never instead of it.
   MeSH's transition ``prelude -> h0`` (the first buffer read) belongs to no block.
+* Norms (:func:`token_rms_norm`): ||h||_F / sqrt(L) per sample, the root mean square over the L
+  tokens of each token's L2 norm (independent of L, so probes of other lengths compare), mean and
+  std over samples, for every stage and core output. A block's relative update moves with the
+  norm change across it: MeSH's reads change the state's norm (the prelude's output has 3x the
+  norm of h(0) at init), so its input and output norms are logged next to each update.
+* Normalised update (:func:`normalised_update`): the paper's measure on both matrices scaled to
+  unit Frobenius norm, ||f/||f|| - h/||h||||_F = sqrt(2 - 2 cos), cos the cosine between the
+  flattened L x D matrices. It is invariant to rescaling either matrix by any c > 0, equals the
+  paper's measure whenever ||f(h)|| = ||h||, and with a = ||f(h)|| / ||h|| it and a give the
+  paper's back: r^2 = 4 (a^2 + 1 - 2 a cos) / (1 + a)^2. 0: same direction, sqrt(2): orthogonal,
+  2: opposite; a zero matrix has no direction (read as the zero vector: 0 against zero, 1 against
+  anything else).
 * Spread over samples is the population standard deviation (ddof=0): it describes the samples,
   and one sample has std 0.
 * Stages (:func:`paper_stages`, used by :func:`probe_report`): the paper's ``embedding, h0..hK, coda``
@@ -34,6 +46,12 @@ Choices, made once here:
   serves every pair. It is a reference, not an offset: isotropic rows carry much of the bias,
   states of lower effective rank less, so a biased value near (even below) the floor need not mean
   unrelated states; the debiased estimators (floor ~0) say how related they are.
+* Permutation floors (:func:`cka_permutation_floor`): CKA of one stage against another whose rows
+  (tokens) are shuffled, (CKA(x, Py) + CKA(Px, y)) / 2 averaged over ``PERM_SHUFFLES`` seeded
+  permutations P (:func:`row_permutations`, the same for every sample). A shuffle keeps each
+  matrix's own structure (rank, anisotropy, norms per token) and breaks only which token is which,
+  so it is the value of "these states, unrelated token by token"; it is computed for every pair of
+  stages (the Gaussian floor only knows the shape).
 * Spectra: singular values of the raw (not centred) L x D matrix, normalised sigma_i / sigma_0,
   the first ``top`` kept and padded with NaN when min(L, D) < top. Effective rank: Roy & Vetterli
   (2007), exp of the Shannon entropy of p_i = sigma_i / sum(sigma) over all singular values.
@@ -43,7 +61,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +72,8 @@ _CORE_OUTPUT = re.compile(r"^f\d+$")
 ESTIMATORS = ("rbf", "rbf_debiased", "linear", "linear_debiased")  # rbf: the paper's
 FLOOR_DRAWS = 8
 FLOOR_SEED = 0
+PERM_SHUFFLES = 4
+PERM_SEED = 0
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -81,6 +101,25 @@ def relative_update(h_in: Tensor, h_out: Tensor) -> Tensor:
     return torch.where(total > 0, 2 * diff / total, 0.0)
 
 
+@torch.no_grad()
+def normalised_update(h_in: Tensor, h_out: Tensor) -> Tensor:
+    """||h_out / ||h_out||_F - h_in / ||h_in||_F||_F per sample (see the module docstring), (..., L, D) -> (...)."""
+    return torch.linalg.matrix_norm(_unit(h_out) - _unit(h_in))
+
+
+def _unit(x: Tensor) -> Tensor:
+    """Each sample scaled to unit Frobenius norm; a zero sample stays zero."""
+    x = _f64(x)
+    norm = torch.linalg.matrix_norm(x)[..., None, None]
+    return torch.where(norm > 0, x / norm.clamp_min(torch.finfo(x.dtype).tiny), 0.0)
+
+
+@torch.no_grad()
+def token_rms_norm(h: Tensor) -> Tensor:
+    """||h||_F / sqrt(L) per sample: the RMS over the L tokens of their L2 norms, (..., L, D) -> (...)."""
+    return torch.linalg.matrix_norm(_f64(h)) / h.shape[-2] ** 0.5
+
+
 def update_blocks(stages: Mapping[str, Tensor]) -> dict[str, tuple[str, str]]:
     """Block name -> (its input, its output): ``core{t}`` is h{t-1} -> f{t}; see the module docstring."""
     loops = _loops(stages)
@@ -97,11 +136,13 @@ def state_update_blocks(stages: Mapping[str, Tensor]) -> dict[str, tuple[str, st
     return {f"core{t}": (f"h{t - 1}", f"h{t}") for t in range(1, (_loops(stages) or 0) + 1)}
 
 
-def _per_sample_updates(stages: Mapping[str, Tensor], blocks: Mapping[str, tuple[str, str]]) -> dict[str, Tensor]:
+def _per_sample_updates(
+    stages: Mapping[str, Tensor], blocks: Mapping[str, tuple[str, str]], measure: Callable = relative_update
+) -> dict[str, Tensor]:
     missing = sorted({name for pair in blocks.values() for name in pair} - set(stages))
     if missing:
         raise ValueError(f"update probes need the stages {missing}: pass {{**out.hidden_states, **out.core_outputs}}")
-    return {block: relative_update(stages[a], stages[b]).reshape(-1) for block, (a, b) in blocks.items()}
+    return {block: measure(stages[a], stages[b]).reshape(-1) for block, (a, b) in blocks.items()}
 
 
 def _mean_std(values: Tensor) -> tuple[float, float]:
@@ -118,6 +159,17 @@ def update_magnitudes(stages: Mapping[str, Tensor]) -> dict[str, tuple[float, fl
 def state_update_magnitudes(stages: Mapping[str, Tensor]) -> dict[str, tuple[float, float]]:
     """``core{t}`` -> (mean, population std) of the state update h(t-1) -> h(t); {} for vanilla."""
     return {block: _mean_std(v) for block, v in _per_sample_updates(stages, state_update_blocks(stages)).items()}
+
+
+def normalised_update_magnitudes(stages: Mapping[str, Tensor], state: bool = False) -> dict[str, tuple[float, float]]:
+    """:func:`update_magnitudes` (``state``: :func:`state_update_magnitudes`) by :func:`normalised_update`."""
+    blocks = state_update_blocks(stages) if state else update_blocks(stages)
+    return {block: _mean_std(v) for block, v in _per_sample_updates(stages, blocks, normalised_update).items()}
+
+
+def stage_norms(stages: Mapping[str, Tensor]) -> dict[str, tuple[float, float]]:
+    """Stage -> (mean, population std) over samples of :func:`token_rms_norm`."""
+    return {name: _mean_std(token_rms_norm(x).reshape(-1)) for name, x in stages.items()}
 
 
 # ---------------------------------------------------------------- CKA
@@ -223,30 +275,55 @@ def rbf_cka(x: Tensor, y: Tensor, sigma_fraction: float = 0.5, debiased: bool = 
     return _cka_from_grams(kx, _centred_gram(y, "rbf", sigma_fraction, debiased))
 
 
-def _cka_matrix(grams: list[Tensor]) -> Tensor:
-    """(S, S) CKA between S centred Gram matrices of one sample, unit diagonal."""
+def _cka_matrix(grams: list[Tensor], perms: Tensor | None = None) -> Tensor:
+    """(S, S) CKA between S centred Gram matrices of one sample, unit diagonal; with ``perms``
+    (P, L) the permutation floors instead: entry (i, j) is the mean over the P permutations of
+    (CKA(G_i, P G_j P^T) + CKA(P G_i P^T, G_j)) / 2. Centring commutes with a permutation of the
+    rows, so the centred Grams are permuted, not recomputed."""
     flat = torch.stack([g.flatten() for g in grams])
-    products = flat @ flat.T
-    norms = products.diagonal().sqrt()
-    return (products / (norms[:, None] * norms[None, :])).fill_diagonal_(1.0)
+    norms = flat.norm(dim=-1)
+    scale = norms[:, None] * norms[None, :]
+    if perms is None:
+        return (flat @ flat.T / scale).fill_diagonal_(1.0)
+    floors = torch.zeros_like(scale)
+    for perm in perms:
+        shuffled = torch.stack([g[perm][:, perm].flatten() for g in grams])
+        floors += flat @ shuffled.T / scale
+    floors /= len(perms)
+    return (floors + floors.T) / 2
+
+
+def row_permutations(rows: int, shuffles: int = PERM_SHUFFLES, seed: int = PERM_SEED) -> Tensor:
+    """(shuffles, rows) seeded permutations of the rows, drawn by a generator of their own."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(rows, generator=generator) for _ in range(shuffles)])
 
 
 def _per_sample_cka(
-    stages: Mapping[str, Tensor], sigma_fraction: float, estimators: Iterable[str] = ESTIMATORS
-) -> dict[str, Tensor]:
-    """Estimator -> (N, S, S) CKA matrices, one sample at a time (memory: 2 S Gram matrices of
-    L x L); each kind's kernel is computed once per stage and centred for both of its estimators."""
+    stages: Mapping[str, Tensor],
+    sigma_fraction: float,
+    estimators: Iterable[str] = ESTIMATORS,
+    perms: Tensor | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Estimator -> (N, S, S) CKA matrices, and with ``perms`` (P, L) estimator -> (N, S, S)
+    permutation floors (else {}), one sample at a time (memory: 2 S Gram matrices of L x L);
+    each kind's kernel is computed once per stage and centred for both of its estimators."""
     tensors = [_f64(t).reshape(-1, *t.shape[-2:]) for t in stages.values()]
     wanted = list(estimators)
     out: dict[str, list[Tensor]] = {e: [] for e in wanted}
+    floors: dict[str, list[Tensor]] = {e: [] for e in wanted} if perms is not None else {}
     for i in range(tensors[0].shape[0]):
         for kind in ("rbf", "linear"):
             names = [e for e in wanted if e in (kind, f"{kind}_debiased")]
             if names:
                 kernels = [_kernel(t[i], kind, sigma_fraction) for t in tensors]
                 for name in names:
-                    out[name].append(_cka_matrix([_centre(k, name.endswith("_debiased")) for k in kernels]))
-    return {name: torch.stack(matrices) for name, matrices in out.items()}
+                    centred = [_centre(k, name.endswith("_debiased")) for k in kernels]
+                    out[name].append(_cka_matrix(centred))
+                    if perms is not None:
+                        floors[name].append(_cka_matrix(centred, perms))
+    stacked = {name: torch.stack(matrices) for name, matrices in out.items()}
+    return stacked, {name: torch.stack(matrices) for name, matrices in floors.items()}
 
 
 def pairwise_cka(
@@ -261,7 +338,27 @@ def pairwise_cka(
         raise ValueError(f"unknown CKA kind {kind!r}; use 'rbf' or 'linear'")
     name = _estimator(kind, debiased)
     with torch.no_grad():
-        return list(stages), _per_sample_cka(stages, sigma_fraction, [name])[name].mean(0)
+        return list(stages), _per_sample_cka(stages, sigma_fraction, [name])[0][name].mean(0)
+
+
+@torch.no_grad()
+def cka_permutation_floor(
+    x: Tensor,
+    y: Tensor,
+    kind: str = "rbf",
+    sigma_fraction: float = 0.5,
+    debiased: bool = False,
+    shuffles: int = PERM_SHUFFLES,
+    seed: int = PERM_SEED,
+) -> Tensor:
+    """The CKA of (..., L, D) ``x`` and ``y`` with the rows of one shuffled, per sample -> (...):
+    (CKA(x, Py) + CKA(Px, y)) / 2 averaged over :func:`row_permutations` (``shuffles``, ``seed``)."""
+    if kind not in ("rbf", "linear"):
+        raise ValueError(f"unknown CKA kind {kind!r}; use 'rbf' or 'linear'")
+    name = _estimator(kind, debiased)
+    perms = row_permutations(x.shape[-2], shuffles, seed)
+    floors = _per_sample_cka({"x": x, "y": y}, sigma_fraction, [name], perms)[1][name]
+    return floors[:, 0, 1].reshape(x.shape[:-2])
 
 
 def cka_floors(
@@ -278,7 +375,7 @@ def cka_floors(
 def _cka_floors(rows: int, dim: int, sigma_fraction: float, draws: int, seed: int) -> tuple[tuple[str, float], ...]:
     generator = torch.Generator().manual_seed(seed)
     x, y = torch.randn(2, draws, rows, dim, generator=generator, dtype=torch.float64)
-    values = [_per_sample_cka({"x": x[i], "y": y[i]}, sigma_fraction) for i in range(draws)]
+    values = [_per_sample_cka({"x": x[i], "y": y[i]}, sigma_fraction)[0] for i in range(draws)]
     return tuple((e, torch.stack([v[e][0, 0, 1] for v in values]).mean().item()) for e in ESTIMATORS)
 
 
@@ -350,6 +447,11 @@ class ProbeReport:
     sigma_fraction: float = 0.5
     loops: int | None = field(default=None)  # K; None for a vanilla layout
     seq_len: int | None = None  # L, the rows (tokens) of every probed matrix
+    # Empty in reports read from files written before they were measured:
+    norms: dict[str, tuple[float, float]] = field(default_factory=dict)  # stage or f{t} -> token_rms_norm
+    normed_updates: dict[str, tuple[float, float]] = field(default_factory=dict)  # block -> normalised_update
+    state_normed_updates: dict[str, tuple[float, float]] = field(default_factory=dict)  # core{t} -> the same
+    cka_perm_floors: dict[str, Tensor] = field(default_factory=dict)  # estimator -> (S, S) permutation floors
 
     @property
     def loop_pairs(self) -> list[tuple[str, str]]:
@@ -364,6 +466,10 @@ class ProbeReport:
         """Mean CKA of consecutive loop states h(t), h(t+1); NaN for a vanilla layout."""
         pairs = [self.cka(a, b, estimator) for a, b in self.loop_pairs]
         return sum(pairs) / len(pairs) if pairs else float("nan")
+
+    def perm_floor(self, a: str, b: str, estimator: str = "rbf") -> float:
+        """The permutation floor of stages ``a`` and ``b`` by ``estimator``."""
+        return self.cka_perm_floors[estimator][self.stages.index(a), self.stages.index(b)].item()
 
     def last_singular_value(self, stage: str) -> float:
         """The ``top``-th normalised singular value, or the last one the stage has."""
@@ -381,21 +487,39 @@ class ProbeReport:
         * ``probe/state_update/core<t>/{mean,std}``: the state update h(t-1) -> h(t);
         * ``probe/update/core_balance``, ``probe/state_update/core_balance``: min / max of the core
           iterations' mean (state) updates, 1 = balanced (looped layouts);
+        * ``probe/update_normed/<block>/{mean,std}``, ``probe/state_update_normed/core<t>/{mean,std}``
+          and their ``core_balance``: the same by :func:`normalised_update` (scale-invariant);
+        * ``probe/norm/in/<block>``, ``probe/norm/out/<block>``: mean :func:`token_rms_norm` of the
+          block's input and output (``in/core<t>`` is the state h(t-1) entering iteration t,
+          ``out/core<t>`` is f(h(t-1)), ``in/coda`` is h(K));
         * ``probe/cka_<est>/<a>/<b>`` for every pair of stages (upper triangle), ``probe/cka_<est>/loop_mean``
           (mean CKA of h(t), h(t+1); looped layouts) and ``probe/cka_<est>/floor`` (the estimator on
           unrelated L x D Gaussian matrices);
+        * ``probe/cka_<est>/perm_floor``: the mean permutation floor over every pair of distinct
+          stages, and ``probe/cka_<est>/loop_perm_floor`` over the pairs h(t), h(t+1) (looped), to
+          read beside ``loop_mean``;
         * ``probe/erank/<stage>`` and ``probe/sv<top>/<stage>`` (the ``top``-th normalised singular value).
         """
         metrics: dict[str, float] = {"probe/samples": float(self.samples)}
         if self.seq_len is not None:
             metrics["probe/seq_len"] = float(self.seq_len)
-        for prefix, updates in (("update", self.updates), ("state_update", self.state_updates)):
+        groups = {
+            "update": self.updates,
+            "state_update": self.state_updates,
+            "update_normed": self.normed_updates,
+            "state_update_normed": self.state_normed_updates,
+        }
+        for prefix, updates in groups.items():
             for block, (mean, std) in updates.items():
                 metrics[f"probe/{prefix}/{block}/mean"] = mean
                 metrics[f"probe/{prefix}/{block}/std"] = std
             balance = _balance(updates, self.loops or 0)
             if balance is not None:
                 metrics[f"probe/{prefix}/core_balance"] = balance
+        if self.norms:
+            for block, (a, b) in update_blocks(self.norms).items():
+                metrics[f"probe/norm/in/{block}"] = self.norms[a][0]
+                metrics[f"probe/norm/out/{block}"] = self.norms[b][0]
         for estimator in self.cka_matrices:
             for i, a in enumerate(self.stages):
                 for b in self.stages[i + 1 :]:
@@ -404,6 +528,13 @@ class ProbeReport:
                 metrics[f"probe/cka_{estimator}/loop_mean"] = self.loop_mean(estimator)
         for estimator, floor in self.cka_floors.items():
             metrics[f"probe/cka_{estimator}/floor"] = floor
+        pairs = [(a, b) for i, a in enumerate(self.stages) for b in self.stages[i + 1 :]]
+        for estimator in self.cka_perm_floors:
+            floors = [self.perm_floor(a, b, estimator) for a, b in pairs]
+            metrics[f"probe/cka_{estimator}/perm_floor"] = sum(floors) / len(floors)
+            if self.loops:
+                loop = [self.perm_floor(a, b, estimator) for a, b in self.loop_pairs]
+                metrics[f"probe/cka_{estimator}/loop_perm_floor"] = sum(loop) / len(loop)
         for stage in self.stages:
             metrics[f"probe/erank/{stage}"] = self.effective_ranks[stage]
             metrics[f"probe/sv{self.top}/{stage}"] = self.last_singular_value(stage)
@@ -461,16 +592,26 @@ def probe_report(
     names: list[str] | None = None
     loops: int | None = None
     shape: tuple[int, int] = (0, 0)
+    perms: Tensor | None = None
     collected = _Collected()
     try:
         for input_ids in batches:
             hidden, cores = _hidden(model, input_ids.to(device), window)
-            collected.add("updates", _per_sample_updates({**hidden, **cores}, update_blocks(hidden)))
-            collected.add("state_updates", _per_sample_updates(hidden, state_update_blocks(hidden)))
+            everything = {**hidden, **cores}
+            for group, (stages, blocks) in {
+                "updates": (everything, update_blocks(hidden)),
+                "state_updates": (hidden, state_update_blocks(hidden)),
+            }.items():
+                collected.add(group, _per_sample_updates(stages, blocks))
+                collected.add(f"{group}_normed", _per_sample_updates(stages, blocks, normalised_update))
+            collected.add("norms", {name: token_rms_norm(x).reshape(-1) for name, x in everything.items()})
             if names is None:  # fixed by the first batch, so every batch yields the same stages
                 names, loops, shape = list(paper_stages(hidden)), _loops(hidden), tuple(hidden["embedding"].shape[-2:])
+                perms = row_permutations(shape[0])
             stages = {name: hidden[name] for name in names}
-            collected.add("cka", _per_sample_cka(stages, sigma_fraction))
+            cka, floors = _per_sample_cka(stages, sigma_fraction, perms=perms)
+            collected.add("cka", cka)
+            collected.add("cka_perm_floors", floors)
             svs = [_singular_values(x) for x in stages.values()]
             collected.add("spectra", {"top": torch.stack([_normalised_top(sv, top) for sv in svs], 1)})
             collected.add("spectra", {"erank": torch.stack([_entropy_rank(sv) for sv in svs], 1)})
@@ -478,12 +619,16 @@ def probe_report(
         model.train(was_training)
     if names is None:
         raise ValueError("probe_report needs at least one batch")
-    updates, state_updates = collected.get("updates"), collected.get("state_updates")
+    updates = collected.get("updates")
     spectrum = {key: values.mean(0) for key, values in collected.get("spectra").items()}
+
+    def mean_std(group: str) -> dict[str, tuple[float, float]]:
+        return {key: _mean_std(values) for key, values in collected.get(group).items()}
+
     return ProbeReport(
         stages=names,
-        updates={block: _mean_std(values) for block, values in updates.items()},
-        state_updates={block: _mean_std(values) for block, values in state_updates.items()},
+        updates=mean_std("updates"),
+        state_updates=mean_std("state_updates"),
         cka_matrices={e: values.mean(0) for e, values in collected.get("cka").items()},
         cka_floors=cka_floors(shape[0], shape[1], sigma_fraction),
         spectra={name: spectrum["top"][i] for i, name in enumerate(names)},
@@ -493,6 +638,10 @@ def probe_report(
         sigma_fraction=sigma_fraction,
         loops=loops,
         seq_len=shape[0],
+        norms=mean_std("norms"),
+        normed_updates=mean_std("updates_normed"),
+        state_normed_updates=mean_std("state_updates_normed"),
+        cka_perm_floors={e: values.mean(0) for e, values in collected.get("cka_perm_floors").items()},
     )
 
 
@@ -500,16 +649,22 @@ __all__ = [
     "ESTIMATORS",
     "ProbeReport",
     "cka_floors",
+    "cka_permutation_floor",
     "effective_ranks",
     "linear_cka",
+    "normalised_update",
+    "normalised_update_magnitudes",
     "pairwise_cka",
     "paper_stages",
     "probe_report",
     "rbf_cka",
     "relative_update",
+    "row_permutations",
     "spectra",
+    "stage_norms",
     "state_update_blocks",
     "state_update_magnitudes",
+    "token_rms_norm",
     "update_blocks",
     "update_magnitudes",
 ]

@@ -12,16 +12,22 @@ from mesh_model.probes import (
     _cka_floors,
     _nonzero_median,
     cka_floors,
+    cka_permutation_floor,
     effective_ranks,
     linear_cka,
+    normalised_update,
+    normalised_update_magnitudes,
     pairwise_cka,
     paper_stages,
     probe_report,
     rbf_cka,
     relative_update,
+    row_permutations,
     spectra,
+    stage_norms,
     state_update_blocks,
     state_update_magnitudes,
+    token_rms_norm,
     update_blocks,
     update_magnitudes,
 )
@@ -115,6 +121,94 @@ def test_rbf_bandwidth_is_half_the_median_of_nonzero_distances():
     torch.testing.assert_close(rbf_cka(x, y, sigma_fraction=0.8), wider, rtol=0, atol=1e-12)
 
 
+def test_rbf_bandwidth_option_the_default_is_half_the_median_and_one_is_the_median():
+    x, y = torch.randn(2, 3, 48, 8, dtype=F64)
+    stages = {"x": x, "y": y}
+    assert torch.equal(rbf_cka(x, y), rbf_cka(x, y, sigma_fraction=0.5))  # the current rule, bit for bit
+    assert torch.equal(pairwise_cka(stages)[1], pairwise_cka(stages, sigma_fraction=0.5)[1])
+    medians = [_nonzero_median(torch.cdist(t, t)) for t in (x, y)]
+
+    def centred_rbf(points, sigma):
+        gram = torch.exp(-(torch.cdist(points, points) ** 2) / (2 * sigma[:, None, None] ** 2))
+        return gram - gram.mean(-2, keepdim=True) - gram.mean(-1, keepdim=True) + gram.mean((-1, -2), keepdim=True)
+
+    kx, ky = centred_rbf(x, medians[0]), centred_rbf(y, medians[1])
+    expected = (kx * ky).sum((-1, -2)) / (torch.linalg.matrix_norm(kx) * torch.linalg.matrix_norm(ky))
+    torch.testing.assert_close(rbf_cka(x, y, sigma_fraction=1.0), expected, rtol=0, atol=1e-10)
+    assert (rbf_cka(x, y, sigma_fraction=1.0) - rbf_cka(x, y)).abs().min() > 1e-3  # the option changes it
+
+
+# ---------------------------------------------------------------- CKA permutation floor
+
+
+@pytest.mark.parametrize("kind", CKA)
+def test_permutation_floor_of_a_matrix_and_itself_is_well_below_one_and_seeded(kind):
+    x = torch.randn(2, 96, 16, dtype=F64)
+    base, debiased = kind.removesuffix("_debiased"), kind.endswith("_debiased")
+    torch.testing.assert_close(CKA[kind](x, x), torch.ones(2, dtype=F64), rtol=0, atol=1e-12)
+    floor = cka_permutation_floor(x, x, base, debiased=debiased)
+    assert floor.shape == (2,) and floor.max() < (0.3 if "linear" in kind else 0.8)
+    assert torch.equal(cka_permutation_floor(x, x, base, debiased=debiased), floor)  # reproducible
+    assert not torch.equal(cka_permutation_floor(x, x, base, debiased=debiased, seed=1), floor)
+    # By hand: CKA against shuffled copies, both ways round, averaged over the same permutations.
+    perms = row_permutations(96)
+    assert perms.shape == (4, 96) and all(torch.equal(p.sort().values, torch.arange(96)) for p in perms)
+    y = torch.tanh(x @ torch.randn(16, 12, dtype=F64))
+    by_hand = torch.stack([CKA[kind](x, y[:, p]) + CKA[kind](x[:, p], y) for p in perms]).mean(0) / 2
+    torch.testing.assert_close(cka_permutation_floor(x, y, base, debiased=debiased), by_hand, rtol=0, atol=1e-10)
+
+
+def test_permutation_floor_matches_the_gaussian_floor_on_gaussians_and_follows_the_rank():
+    """On Gaussian states a shuffle changes nothing in distribution, so both floors agree; on
+    unrelated states of rank 2 the shuffle keeps the low rank and the floor falls far below the
+    Gaussian one, which knows only the shape."""
+    length, dim = 128, 64
+    gaussian = cka_floors(length, dim)
+    x, y = torch.randn(2, 4, length, dim, dtype=F64)
+    for kind in ("rbf", "linear"):
+        assert cka_permutation_floor(x, y, kind).mean().item() == pytest.approx(gaussian[kind], abs=0.03)
+    low = torch.randn(2, 4, length, 2, dtype=F64) @ torch.randn(2, 4, 2, dim, dtype=F64)
+    assert cka_permutation_floor(low[0], low[1], "linear").max() < gaussian["linear"] - 0.2
+
+
+# ---------------------------------------------------------------- norms and the normalised update
+
+
+def test_token_rms_norm_is_the_frobenius_norm_over_root_l():
+    h = torch.tensor([[[3.0, 4.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]])
+    torch.testing.assert_close(token_rms_norm(h), torch.tensor([5 / math.sqrt(2), 1.0], dtype=F64))
+    assert stage_norms({"h": h})["h"] == pytest.approx(((5 / math.sqrt(2) + 1) / 2, (5 / math.sqrt(2) - 1) / 2))
+
+
+def test_normalised_update_known_values_and_scale_invariance():
+    h = torch.randn(3, 8, 16, dtype=F64)
+    f = torch.randn(3, 8, 16, dtype=F64)
+    assert normalised_update(h, h).abs().max() < 1e-12
+    torch.testing.assert_close(normalised_update(h, -h), torch.full((3,), 2.0, dtype=F64))
+    e1, e2 = torch.zeros(1, 2, 2, dtype=F64), torch.zeros(1, 2, 2, dtype=F64)
+    e1[0, 0, 0], e2[0, 1, 1] = 1.0, 1.0
+    torch.testing.assert_close(normalised_update(e1, e2), torch.tensor([math.sqrt(2)], dtype=F64))
+    torch.testing.assert_close(normalised_update(e1, 7 * e2), torch.tensor([math.sqrt(2)], dtype=F64))
+    zero = torch.zeros(1, 2, 2, dtype=F64)
+    assert normalised_update(zero, zero).item() == 0.0 and normalised_update(zero, e1).item() == 1.0
+    for c in (1e-3, 0.5, 3.0, 1e4):
+        torch.testing.assert_close(normalised_update(h, c * f), normalised_update(h, f), rtol=0, atol=1e-12)
+        torch.testing.assert_close(normalised_update(c * h, f), normalised_update(h, f), rtol=0, atol=1e-12)
+        # ... while the paper's measure moves with the scale of f(h) alone.
+        assert c == 1.0 or (relative_update(h, c * f) - relative_update(h, f)).abs().min() > 1e-3
+    # Equal norms: the two measures agree.
+    g = f * (torch.linalg.matrix_norm(h) / torch.linalg.matrix_norm(f))[:, None, None]
+    torch.testing.assert_close(normalised_update(h, g), relative_update(h, g), rtol=0, atol=1e-12)
+
+
+def test_the_paper_measure_is_the_norm_ratio_and_the_normalised_update_together():
+    h = torch.randn(5, 8, 16, dtype=F64)
+    f = 0.7 * h + torch.randn(5, 8, 16, dtype=F64) * torch.tensor([0.1, 0.5, 1.0, 2.0, 8.0], dtype=F64)[:, None, None]
+    a = token_rms_norm(f) / token_rms_norm(h)
+    cos = 1 - normalised_update(h, f) ** 2 / 2
+    torch.testing.assert_close(relative_update(h, f) ** 2, 4 * (a**2 + 1 - 2 * a * cos) / (1 + a) ** 2)
+
+
 def test_pairwise_cka_averages_per_sample_values_and_has_unit_diagonal():
     stages = {name: torch.randn(3, 40, 8, dtype=F64) for name in ("a", "b", "c")}
     names, matrix = pairwise_cka(stages, kind="linear")
@@ -157,6 +251,11 @@ def test_update_magnitudes_mean_and_population_std_per_block():
     assert updates["core1"] == pytest.approx((1.5, 0.5))  # 2*2/(3+1) = 1 and 2*4/(3+1) = 2
     assert updates["core2"] == (0.0, 0.0)  # the core itself did nothing
     assert updates["coda"] == pytest.approx((2.0, 0.0))
+    normed = normalised_update_magnitudes(stages)
+    assert normed["prelude"] == (0.0, 0.0) and normed["core2"] == (0.0, 0.0)
+    assert normed["core1"] == pytest.approx((1.0, 1.0))  # 3h: the same direction; -3h: the opposite
+    assert normed["coda"] == pytest.approx((2.0, 0.0))
+    assert normalised_update_magnitudes(stages, state=True)["core2"] == pytest.approx((0.0, 0.0))  # h2 = 2 h1
     states = state_update_magnitudes(stages)
     assert states["core1"] == pytest.approx((1.6, 0.4))  # h -> 4h: 2*3/5; h -> -2h: 2*3/3
     assert states["core2"] == pytest.approx((2 / 3, 0.0))  # h2 = 2 h1, whatever f did
@@ -247,14 +346,54 @@ def test_probe_report_on_tiny_looped_models(reports, scheme):
     for name, values in spectra(paper_stages(hidden)).items():
         torch.testing.assert_close(report.spectra[name], values, equal_nan=True)
     assert report.effective_ranks == pytest.approx(effective_ranks(paper_stages(hidden)))
+    everything = {**hidden, **out.core_outputs}
+    for got, expected_values in (
+        (report.norms, stage_norms(everything)),
+        (report.normed_updates, normalised_update_magnitudes(everything)),
+        (report.state_normed_updates, normalised_update_magnitudes(hidden, state=True)),
+    ):
+        assert list(got) == list(expected_values)
+        for key, value in expected_values.items():
+            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    stages = paper_stages(hidden)
+    for estimator in ESTIMATORS:
+        kind, debiased = estimator.removesuffix("_debiased"), estimator.endswith("_debiased")
+        floors = report.cka_perm_floors[estimator]
+        torch.testing.assert_close(floors, floors.T, rtol=0, atol=0)
+        for a, b in (("h0", "h1"), ("embedding", "coda"), ("h2", "h2")):
+            whole = cka_permutation_floor(stages[a], stages[b], kind, debiased=debiased).mean()
+            assert report.perm_floor(a, b, estimator) == pytest.approx(whole.item(), rel=1e-9, abs=1e-12)
 
     metrics = report.as_metrics()
     assert all(METRIC_NAME.match(k) for k in metrics)
     assert all(math.isfinite(v) for v in metrics.values())
     n = len(expected)
-    # samples, seq_len; updates and state updates with their balances; per estimator: pairs,
-    # loop mean, floor; erank and sv per stage.
-    assert len(metrics) == 2 + (2 * 5 + 1) + (2 * 3 + 1) + 4 * (n * (n - 1) // 2 + 2) + 2 * n
+    # samples, seq_len; updates and state updates, each plain and normalised, with their balances;
+    # norms in and out of the 5 blocks; per estimator: pairs, loop mean, floor, perm floor and loop
+    # perm floor; erank and sv per stage.
+    assert len(metrics) == 2 + 2 * (2 * 5 + 1) + 2 * (2 * 3 + 1) + 2 * 5 + 4 * (n * (n - 1) // 2 + 4) + 2 * n
+    assert metrics["probe/update_normed/core2/mean"] == report.normed_updates["core2"][0]
+    assert metrics["probe/state_update_normed/core1/std"] == report.state_normed_updates["core1"][1]
+    cores = [report.normed_updates[f"core{t}"][0] for t in (1, 2, 3)]
+    assert metrics["probe/update_normed/core_balance"] == pytest.approx(min(cores) / max(cores))
+    # in/core<t> is the state h(t-1) entering iteration t, out/core<t> its f(h(t-1)), in/coda h(K).
+    assert metrics["probe/norm/in/prelude"] == report.norms["embedding"][0]
+    assert metrics["probe/norm/out/prelude"] == report.norms["prelude"][0]
+    assert [metrics[f"probe/norm/in/core{t}"] for t in (1, 2, 3)] == [report.norms[f"h{t}"][0] for t in (0, 1, 2)]
+    assert (
+        metrics["probe/norm/out/core2"] == report.norms["f2"][0]
+        and metrics["probe/norm/in/coda"] == report.norms["h3"][0]
+    )
+    # MeSH reads h(0) from its buffer, which changes the norm; every other scheme hands the prelude on.
+    assert (metrics["probe/norm/out/prelude"] == metrics["probe/norm/in/core1"]) == (scheme != "mesh")
+    for estimator in ESTIMATORS:
+        pairs = [(a, b) for i, a in enumerate(report.stages) for b in report.stages[i + 1 :]]
+        assert metrics[f"probe/cka_{estimator}/perm_floor"] == pytest.approx(
+            sum(report.perm_floor(a, b, estimator) for a, b in pairs) / len(pairs)
+        )
+        assert metrics[f"probe/cka_{estimator}/loop_perm_floor"] == pytest.approx(
+            sum(report.perm_floor(f"h{t}", f"h{t + 1}", estimator) for t in range(3)) / 3
+        )
     assert metrics["probe/seq_len"] == 32.0
     assert metrics["probe/update/core1/mean"] == report.updates["core1"][0]
     assert metrics["probe/state_update/core2/std"] == report.state_updates["core2"][1]
