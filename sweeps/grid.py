@@ -141,6 +141,13 @@ def read_request(name: str, arguments: Sequence[str]) -> tuple[LaunchConfig, lis
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)
+    given = [o for o in cell_overrides if o.lstrip("+~").split("=", 1)[0] == "seed"]
+    if given and launch.seeds:  # seeds= would replace it silently
+        value = given[-1].split("=", 1)[1]
+        raise SweepError(
+            f"{given[-1]} is invalid beside seeds=: a grid's seeds come from seeds= alone "
+            f"(seeds=[{value}] runs seed {value}; seeds=3 runs 0,1,2)"
+        )
     return launch, cell_overrides, compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)])
 
 

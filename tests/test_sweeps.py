@@ -212,6 +212,10 @@ def test_bad_sweep_requests_answer_in_one_line(capsys, tmp_path):
     assert capsys.readouterr().err.strip() == (
         "error: sweep='nosuch' is invalid: known sweeps: " + ", ".join(sweep_names())
     )
+    assert main(["schemes", "seed=5", "seeds=2", "--dry-run"]) == 2  # seeds= would drop seed=5 silently
+    assert capsys.readouterr().err.strip() == (
+        "error: seed=5 is invalid beside seeds=: a grid's seeds come from seeds= alone (seeds=[5] runs seed 5; seeds=3 runs 0,1,2)"
+    )
     assert main(["schemez"]) == 2  # a typo gets the closest name first
     assert capsys.readouterr().err.startswith(
         "error: sweep='schemez' is invalid: did you mean 'schemes'? known sweeps: "
