@@ -74,6 +74,18 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
     )
     assert 1 <= metrics["probe/erank/h1"] <= 64
     assert 0 < metrics["probe/update/core_balance"] <= 1 and 0 < metrics["probe/state_update/core_balance"] <= 1
+    # The confounds: the norms in and out of every block, the normalised update and its balance, and
+    # the permutation floors, logged like every other probe metric.
+    for block in ("prelude", "core1", "core2", "coda"):
+        assert metrics[f"probe/norm/in/{block}"] > 0 and metrics[f"probe/norm/out/{block}"] > 0
+        assert 0 < metrics[f"probe/update_normed/{block}/mean"] <= 2
+    assert 0 < metrics["probe/update_normed/core_balance"] <= 1
+    assert 0 < metrics["probe/state_update_normed/core_balance"] <= 1
+    for estimator in ("rbf", "linear", "rbf_debiased", "linear_debiased"):
+        assert metrics[f"probe/cka_{estimator}/perm_floor"] < 0.6
+        assert metrics[f"probe/cka_{estimator}/loop_perm_floor"] < metrics[f"probe/cka_{estimator}/loop_mean"]
+    # MeSH's h(0) is read from its buffer: another norm than the prelude's output; base hands it on.
+    assert (metrics["probe/norm/out/prelude"] == metrics["probe/norm/in/core1"]) == (scheme == "base")
     assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("probe/"))
     # MeSH reads h(0) from its buffer, so its prelude output is a stage of its own; base has h(0) = prelude.
     assert ("probe/erank/prelude" in metrics) == (scheme == "mesh")
@@ -86,7 +98,7 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
     saved = json.loads(Path(local).read_text())
     assert (
         saved["step"] == 10
-        and saved["format"] == 2
+        and saved["format"] == 3
         and saved["batches"]
         == {
             "split": "shakespeare/val",
@@ -98,6 +110,8 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
     )
     assert saved["metrics"] == pytest.approx({k: v for k, v in metrics.items() if k.startswith("probe/")})
     assert len(saved["cka"]["rbf_debiased"]) == len(saved["stages"]) == len(saved["spectra"])
+    assert len(saved["cka_perm_floors"]["rbf"]) == len(saved["stages"])
+    assert {"h0", "f1", "coda"} <= set(saved["norms"]) and set(saved["normed_updates"]) == set(saved["updates"])
     assert (run.run_dir / "probes" / "final" / "probes.json").read_text() == Path(local).read_text()
 
 
@@ -120,6 +134,7 @@ def test_cli_reproduces_the_final_probe_and_logs_into_the_run(runs, tmp_path, ca
     assert probe_main([str(run.run_dir), "--out", str(out), "--mlflow-run", "auto"]) == 0
     printed = capsys.readouterr().out
     assert "core1" in printed and "h0-h1" in printed and "eff. rank" in printed
+    assert "normalised" in printed and "|in| -> |out|" in printed and "perm floor" in printed
     assert all((out / name).stat().st_size > 1024 for name in FIGURES)
     cli, final = load_report(out), load_report(run.run_dir / "probes" / "final")
     assert cli.stages == final.stages
@@ -128,6 +143,16 @@ def test_cli_reproduces_the_final_probe_and_logs_into_the_run(runs, tmp_path, ca
     assert len(history) == len(before) + 1 and {m.step for m in history} == {10}  # logged once more, at step 10
     assert [m.value for m in history] == pytest.approx([before[0].value] * len(history), rel=1e-9)
     assert set(FIGURES) <= set(artifact_sizes(run.client, run.run_id, "probes/cli"))
+    assert cli.norms == final.norms and set(cli.cka_perm_floors) == set(final.cka_perm_floors)  # read back whole
+    # A wider RBF bandwidth moves only the RBF numbers (one batch of 128-token samples, to be quick).
+    small = ["--batches", "1", "--seq-len", "128"]
+    for name, fraction in (("half", "0.5"), ("wide", "1.0")):
+        assert probe_main([str(run.run_dir), "--out", str(tmp_path / name), "--sigma-fraction", fraction, *small]) == 0
+    half, wide = load_report(tmp_path / "half"), load_report(tmp_path / "wide")
+    assert (half.sigma_fraction, wide.sigma_fraction) == (0.5, 1.0)
+    assert wide.cka("h0", "h1", "linear") == pytest.approx(half.cka("h0", "h1", "linear"), rel=1e-12)
+    assert wide.cka("h0", "h1") != pytest.approx(half.cka("h0", "h1"), abs=1e-6)
+    assert wide.cka_floors["rbf"] < half.cka_floors["rbf"]
 
 
 def test_cli_bad_paths_answer_with_one_line(runs, tmp_path, capsys):
@@ -142,6 +167,11 @@ def test_cli_bad_paths_answer_with_one_line(runs, tmp_path, capsys):
     )
     assert probe_main([str(runs["mesh"].run_dir), "--seq-len", "2", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == "error: --seq-len=2 is invalid: must be >= 4 (the debiased CKA needs 4 rows)\n"
+    for bad in ("0", "-1", "nan", "inf"):
+        assert probe_main([str(runs["mesh"].run_dir), "--sigma-fraction", bad, "--out", str(tmp_path / "out")]) == 2
+        assert (
+            capsys.readouterr().err == f"error: --sigma-fraction={float(bad)} is invalid: must be a finite number > 0\n"
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -235,5 +265,20 @@ def test_probes_json_of_the_first_format_is_read_back(tmp_path):
     assert list(report_from_dict({**old, "debiased": True}).cka_matrices) == ["rbf_debiased", "linear_debiased"]
     assert report_from_dict(report_to_dict(report)).as_metrics() == pytest.approx(metrics)
     write_probe_files(report, tmp_path)  # the figures draw what there is
-    with pytest.raises(ValueError, match=r"^probes.json format 7 is unknown: this version reads formats 1 and 2$"):
+    with pytest.raises(ValueError, match=r"^probes.json format 7 is unknown: this version reads formats 1 to 3$"):
         report_from_dict({**report_to_dict(report), "format": 7})
+
+
+def test_probes_json_of_the_second_format_is_read_back_without_the_confounds(runs, tmp_path):
+    """Format 2 had no norms, normalised updates or permutation floors: they read back empty and
+    their metrics are not made up."""
+    current = load_report(runs["mesh"].run_dir / "probes" / "final")
+    assert current.norms and current.normed_updates and current.cka_perm_floors
+    new = ("norms", "normed_updates", "state_normed_updates", "cka_perm_floors")
+    old = {k: v for k, v in report_to_dict(current).items() if k not in new} | {"format": 2}
+    report = report_from_dict(old)
+    assert all(getattr(report, name) == {} for name in new)
+    metrics = report.as_metrics()
+    assert not [k for k in metrics if "/norm/" in k or "normed" in k or "perm_floor" in k]
+    assert metrics == pytest.approx({k: v for k, v in current.as_metrics().items() if k in metrics})
+    write_probe_files(report, tmp_path)

@@ -13,6 +13,7 @@ at the checkpoint's step and the files under ``probes/cli/``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -29,24 +30,41 @@ def _mean_std(values: tuple[float, float] | None) -> str:
     return f"{values[0]:>10.3f} ± {values[1]:.3f}" if values else " " * 18
 
 
+def _norms(report: Any, block: str) -> str:
+    """``|in| -> |out|``: the block's input and output ||h||_F / sqrt(L)."""
+    from mesh_model.probes import update_blocks  # torch: only past --help
+
+    pair = update_blocks(report.norms).get(block) if report.norms else None
+    return f"{report.norms[pair[0]][0]:>8.3f} -> {report.norms[pair[1]][0]:<8.3f}" if pair else " " * 20
+
+
 def format_table(report: Any) -> str:
-    """Blocks' core update f(h) vs h and state update h(t-1)->h(t) (mean ± std), loop-to-loop CKA of
-    every estimator with its floor, effective ranks."""
-    lines = [f"{'block':<12}{'update f(h) vs h':>18}{'state h(t-1)->h(t)':>22}"]
-    lines += [
-        f"{block:<12}{_mean_std(report.updates.get(block))}    {_mean_std(report.state_updates.get(block))}".rstrip()
-        for block in {**report.updates, **report.state_updates}
-    ]
+    """Blocks' core update f(h) vs h, the same normalised, their input and output norms and the state
+    update h(t-1)->h(t) (mean ± std), loop-to-loop CKA of every estimator with its Gaussian and
+    permutation floors, effective ranks."""
+    header = f"{'block':<12}{'update f(h) vs h':>18}{'normalised':>22}{'|in| -> |out|':>22}"
+    lines = [f"{header}{'state h(t-1)->h(t)':>22}"]
+    for block in {**report.updates, **report.state_updates}:
+        values = [_mean_std(report.updates.get(block)), _mean_std(report.normed_updates.get(block))]
+        line = f"{block:<12}{values[0]}    {values[1]}  {_norms(report, block)}"
+        lines.append(f"{line}    {_mean_std(report.state_updates.get(block))}".rstrip())
     if report.loops:
         estimators = list(report.cka_matrices)
         lines.append(f"{'CKA':<12}" + "".join(f"{e:>17}" for e in estimators))
         rows = [(f"{a}-{b}", [report.cka(a, b, e) for e in estimators]) for a, b in report.loop_pairs]
         rows.append(("mean", [report.loop_mean(e) for e in estimators]))
         rows.append(("floor", [report.cka_floors.get(e, float("nan")) for e in estimators]))
+        if report.cka_perm_floors:  # the loop pairs' mean, as loop_perm_floor
+            rows.append(("perm floor", [_loop_perm_floor(report, e) for e in estimators]))
         lines += [f"{name:<12}" + "".join(f"{v:>17.3f}" for v in values) for name, values in rows]
     lines.append(f"{'stage':<12}{'eff. rank':>10}")
     lines += [f"{stage:<12}{rank:>10.2f}" for stage, rank in report.effective_ranks.items()]
     return "\n".join(lines)
+
+
+def _loop_perm_floor(report: Any, estimator: str) -> float:
+    floors = [report.perm_floor(a, b, estimator) for a, b in report.loop_pairs]
+    return sum(floors) / len(floors)
 
 
 def format_routing(routing: Any) -> str:
@@ -110,6 +128,8 @@ def run(args: argparse.Namespace) -> None:
         raise RunInputError(f"--batches={args.batches} is invalid: must be >= 1")
     if args.seq_len is not None and args.seq_len < 4:
         raise RunInputError(f"--seq-len={args.seq_len} is invalid: must be >= 4 (the debiased CKA needs 4 rows)")
+    if not (math.isfinite(args.sigma_fraction) and args.sigma_fraction > 0):
+        raise RunInputError(f"--sigma-fraction={args.sigma_fraction} is invalid: must be a finite number > 0")
     run_id = None
     if args.mlflow_run == "auto":
         if files.run_id is None:
@@ -136,7 +156,7 @@ def run(args: argparse.Namespace) -> None:
     except (OSError, ValueError) as error:
         raise RunInputError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     model, step = load_model(checkpoint)
-    report = probe_report(model, batches, window=data.seq_len)
+    report = probe_report(model, batches, sigma_fraction=args.sigma_fraction, window=data.seq_len)
     routing = routing_report(model, batches, window=data.seq_len)  # None for a dense model
     out = Path(args.out) if args.out else run_dir / PROBE_DIR / CLI_DIR
     paths = write_probe_files(
@@ -161,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="where to write figures and probes.json (default <run_dir>/probes/cli/)")
     parser.add_argument("--batches", type=int, help="held-out batches (default: the run's probes.num_batches)")
     parser.add_argument("--seq-len", type=int, help="tokens per sample (default: the run's probes.seq_len)")
+    parser.add_argument(
+        "--sigma-fraction",
+        type=float,
+        default=0.5,
+        help="RBF bandwidth as a fraction of the median pairwise distance (default 0.5, the training probes')",
+    )
     parser.add_argument("--mlflow-run", help='log into this MLflow run id, or "auto" for the run\'s own')
     parser.add_argument("-v", "--verbose", action="store_true", help="let MLflow log its INFO lines")
     args = parser.parse_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))

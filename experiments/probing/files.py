@@ -21,7 +21,8 @@ from mesh_model.probes import ProbeReport
 
 PROBE_DIR = "probes"
 REPORT_FILE = "probes.json"
-FORMAT = 2  # 1: core updates were h(t-1) -> h(t), one CKA estimator, no floors
+FORMAT = 3  # 1: core updates were h(t-1) -> h(t), one CKA estimator, no floors; 2: no norms,
+# normalised updates or permutation floors
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -43,8 +44,10 @@ def probe_metrics(report: ProbeReport, routing: RoutingReport | None = None) -> 
 
 def report_to_dict(report: ProbeReport, routing: RoutingReport | None = None, **extra: Any) -> dict[str, Any]:
     """A JSON-ready dict of the report (NaN as null); ``extra`` keys (step, batches...) are added.
-    ``updates`` are the blocks' own updates (core: f(h) vs h), ``state_updates`` h(t-1) -> h(t);
-    ``routing`` (a MoE run's, when given) the full routing report."""
+    ``updates`` are the blocks' own updates (core: f(h) vs h), ``state_updates`` h(t-1) -> h(t),
+    ``normed_updates`` and ``state_normed_updates`` the same after scaling both to unit norm,
+    ``norms`` each stage's and core output's ||h||_F / sqrt(L), ``cka_perm_floors`` the (S, S)
+    permutation floors; ``routing`` (a MoE run's, when given) the full routing report."""
     routed = {"routing": routing_to_dict(routing)} if routing is not None else {}
     return {
         **extra,
@@ -57,8 +60,12 @@ def report_to_dict(report: ProbeReport, routing: RoutingReport | None = None, **
         "stages": report.stages,
         "updates": _updates(report.updates),
         "state_updates": _updates(report.state_updates),
+        "normed_updates": _updates(report.normed_updates),
+        "state_normed_updates": _updates(report.state_normed_updates),
+        "norms": _updates(report.norms),
         "cka": {estimator: _matrix(matrix) for estimator, matrix in report.cka_matrices.items()},
         "cka_floors": {estimator: _finite_or_none(floor) for estimator, floor in report.cka_floors.items()},
+        "cka_perm_floors": {estimator: _matrix(matrix) for estimator, matrix in report.cka_perm_floors.items()},
         "spectra": {stage: [_finite_or_none(v) for v in values.tolist()] for stage, values in report.spectra.items()},
         "effective_ranks": report.effective_ranks,
         **routed,
@@ -88,16 +95,21 @@ def _from_first_format(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _mean_std(values: dict[str, dict[str, float]]) -> dict[str, tuple[float, float]]:
+    return {block: (v["mean"], v["std"]) for block, v in values.items()}
+
+
 def report_from_dict(data: dict[str, Any]) -> ProbeReport:
-    """The :class:`ProbeReport` that :func:`report_to_dict` wrote (or an earlier version of it)."""
+    """The :class:`ProbeReport` that :func:`report_to_dict` wrote (or an earlier version of it:
+    formats 1 and 2 have no norms, normalised updates or permutation floors, read back empty)."""
     if data.get("format", 1) == 1:
         data = _from_first_format(data)
-    elif data["format"] != FORMAT:
-        raise ValueError(f"probes.json format {data['format']} is unknown: this version reads formats 1 and {FORMAT}")
+    elif data["format"] not in (2, FORMAT):
+        raise ValueError(f"probes.json format {data['format']} is unknown: this version reads formats 1 to {FORMAT}")
     return ProbeReport(
         stages=list(data["stages"]),
-        updates={block: (v["mean"], v["std"]) for block, v in data["updates"].items()},
-        state_updates={block: (v["mean"], v["std"]) for block, v in data["state_updates"].items()},
+        updates=_mean_std(data["updates"]),
+        state_updates=_mean_std(data["state_updates"]),
         cka_matrices={estimator: _tensor(matrix) for estimator, matrix in data["cka"].items()},
         cka_floors={e: math.nan if floor is None else floor for e, floor in data["cka_floors"].items()},
         spectra={stage: _tensor(values) for stage, values in data["spectra"].items()},
@@ -107,6 +119,10 @@ def report_from_dict(data: dict[str, Any]) -> ProbeReport:
         sigma_fraction=data["sigma_fraction"],
         loops=data["loops"],
         seq_len=data.get("seq_len"),
+        norms=_mean_std(data.get("norms", {})),
+        normed_updates=_mean_std(data.get("normed_updates", {})),
+        state_normed_updates=_mean_std(data.get("state_normed_updates", {})),
+        cka_perm_floors={e: _tensor(matrix) for e, matrix in data.get("cka_perm_floors", {}).items()},
     )
 
 
