@@ -421,9 +421,9 @@ class RunRecord:
         for path in artifacts:
             self.client.log_artifact(self.run_id, str(path))
 
-    def mark_failed(self, error: BaseException) -> None:
-        """FAILED, with the error as the ``error`` tag."""
-        self._terminate("FAILED", "error", f"{type(error).__name__}: {error}")
+    def mark_failed(self, error: BaseException, text: str | None = None) -> None:
+        """FAILED, with ``text`` (else the error's type and message) as the ``error`` tag."""
+        self._terminate("FAILED", "error", text or f"{type(error).__name__}: {error}")
 
     def mark_killed(self, reason: str, detail: str) -> None:
         """KILLED, for a run stopped on purpose: ``reason`` is the tag (interrupted, terminated, pruned)."""

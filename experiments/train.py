@@ -121,15 +121,29 @@ class Terminated(SystemExit):
 
 
 def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | None, step: int) -> None:
-    """KILLED with the reason for a deliberate stop (Ctrl-C, SIGTERM, a pruned trial), else FAILED."""
+    """KILLED with the reason for a deliberate stop (Ctrl-C, SIGTERM, a pruned trial), else FAILED;
+    a divergence or a full disk has its one line as the ``error`` tag (``diverged at step N: ...``)."""
+    from experiments.callbacks.checkpointing import NoSpaceLeft
+    from experiments.callbacks.divergence import Diverged
+
     if isinstance(stop, KeyboardInterrupt):
         record.mark_killed("interrupted", f"Ctrl-C at step {step}; run the same command to resume")
     elif isinstance(stop, Terminated):
         record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
     elif type(error).__name__ == "TrialPruned":
         record.mark_killed("pruned", f"{type(error).__name__}: {error}")
+    elif isinstance(error, Diverged | NoSpaceLeft):
+        record.mark_failed(error, str(error))
     else:
         record.mark_failed(error)
+
+
+def _is_run_failure(error: BaseException) -> bool:
+    """A divergence or a full disk: a failure with its own one-line answer (no traceback)."""
+    from experiments.callbacks.checkpointing import NoSpaceLeft
+    from experiments.callbacks.divergence import Diverged
+
+    return isinstance(error, Diverged | NoSpaceLeft)
 
 
 def _stopped(error: BaseException, trainer: Any) -> BaseException | None:
@@ -247,6 +261,11 @@ def main(cfg: DictConfig) -> float:
     except (ConfigError, InputError, TrackingError, RunInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except (RuntimeError, OSError) as error:
+        if not _is_run_failure(error):
+            raise
+        print(f"error: {error}", file=sys.stderr)  # the run is FAILED in MLflow with this line as its error tag
+        sys.exit(1)
     except KeyboardInterrupt:
         print("[mesh-train] interrupted; run the same command to resume from the last checkpoint", file=sys.stderr)
         sys.exit(130)

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from experiments.callbacks.checkpointing import StepCheckpoint, StopOnStepBoundary
+from experiments.callbacks.divergence import StopOnNonFinite
 from experiments.callbacks.progress import PlainProgress
 from experiments.console import is_terminal, progress_every_s, quiet_libraries
 from experiments.lit_module import MeshLitModule
@@ -33,10 +34,12 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
 
 
 def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
-    """Checkpoints every ``checkpoint_every`` steps (and ``last.ckpt``, and on SIGTERM), probes,
+    """A stop at the first non-finite loss (before any checkpoint of that step), checkpoints
+    every ``checkpoint_every`` steps (and ``last.ckpt``, and on SIGTERM), probes,
     search pruning, and plain progress lines when stderr is not a terminal (no progress bar
     then, see :func:`build_trainer`), every ``$MESH_PROGRESS_EVERY_S`` seconds (default 30)."""
     callbacks: list[pl.Callback] = [
+        StopOnNonFinite(),
         StepCheckpoint(plan.checkpoint_dir, plan.config["checkpoint_every"]),
         *probe_callbacks(plan.config["probes"], plan.run_dir),
     ]

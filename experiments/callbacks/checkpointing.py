@@ -3,6 +3,7 @@ a run resumes from the newest one that is intact, and SIGTERM saves one before t
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -14,11 +15,37 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 
+class NoSpaceLeft(OSError):
+    """The disk filled while a checkpoint was written; the message is one line."""
+
+    def __init__(self, path: Path, step: int, resumable: int) -> None:
+        start = f"step {resumable}" if resumable > 0 else "the start (no checkpoint was saved)"
+        super().__init__(
+            errno.ENOSPC,
+            f"no space left on {path} while saving step {step}; freed space lets the same command resume from {start}",
+        )
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_no_space(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def atomic_save(trainer: pl.Trainer, path: str | Path, weights_only: bool = False) -> None:
-    """``trainer.save_checkpoint`` to ``path`` such that readers only ever see a complete file."""
+    """``trainer.save_checkpoint`` to ``path`` such that readers only ever see a complete file;
+    a write that fails leaves no ``.partial`` file behind (it would hold the space a retry needs)."""
     path = str(path)
     partial = f"{path}.partial"
-    trainer.save_checkpoint(partial, weights_only)
+    try:
+        trainer.save_checkpoint(partial, weights_only)
+    except BaseException:
+        if os.path.isdir(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+        elif os.path.exists(partial):
+            os.unlink(partial)
+        raise
     if trainer.is_global_zero:
         if os.path.isdir(partial) and os.path.isdir(path):  # sharded (FSDP) checkpoints are folders
             shutil.rmtree(path)
@@ -36,13 +63,22 @@ class StepCheckpoint(pl.Callback):
     at the end of the step in progress with ``SIGTERMException`` (its handler only sets a flag);
     ``last.ckpt`` is saved then. When training ends, ``last.ckpt`` is written (and ``step<N>.ckpt``
     if N is a multiple of ``every``).
+
+    Weights that are not finite are never saved (with ``check_finite``): the step raises
+    :class:`~experiments.callbacks.divergence.Diverged` and the last good checkpoint stays. A
+    full disk raises :class:`NoSpaceLeft`, which names the step the same command resumes from.
     """
 
-    def __init__(self, dirpath: Path, every: int) -> None:
+    def __init__(self, dirpath: Path, every: int, check_finite: bool = True) -> None:
         self.dirpath = Path(dirpath)
         self.every = every
+        self.check_finite = check_finite
         self._saved_step: int | None = None
+        self._resumable = 0  # the step of the newest checkpoint on disk
         self._at_batch_start = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resumable = trainer.global_step  # resumed from a checkpoint of this step (0: none)
 
     @property
     def last(self) -> Path:
@@ -77,21 +113,40 @@ class StepCheckpoint(pl.Callback):
         step = trainer.global_step
         if step == self._saved_step:
             return
+        self._refuse_non_finite(trainer, pl_module)
         if step % self.every == 0:
             self._save(trainer, step)
         else:
-            atomic_save(trainer, self.last)
+            self._write(trainer, self.last, step)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        if isinstance(exception, SIGTERMException):
-            atomic_save(trainer, self.last)
+        from experiments.callbacks.divergence import finite_weights
+
+        if isinstance(exception, SIGTERMException) and (not self.check_finite or finite_weights(pl_module)):
+            self._write(trainer, self.last, trainer.global_step)
+
+    def _refuse_non_finite(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from experiments.callbacks.divergence import Diverged, finite_weights
+
+        if self.check_finite and not finite_weights(pl_module):
+            raise Diverged(trainer.global_step, "the weights")
+
+    def _write(self, trainer: pl.Trainer, path: Path, step: int) -> None:
+        try:
+            atomic_save(trainer, path)
+        except OSError as error:
+            if is_no_space(error):
+                raise NoSpaceLeft(self.dirpath, step, self._resumable) from None
+            raise
+        self._resumable = step
 
     def _save(self, trainer: pl.Trainer, step: int) -> None:
+        self._refuse_non_finite(trainer, trainer.lightning_module)
         path = self.dirpath / f"step{step}.ckpt"
-        atomic_save(trainer, path)
-        atomic_save(trainer, self.last)
+        self._write(trainer, path, step)
+        self._write(trainer, self.last, step)
         self._saved_step = step
         if trainer.is_global_zero:
             for old in self.dirpath.glob("step*.ckpt"):
