@@ -48,7 +48,10 @@ Choices, made once here:
   unrelated states; the debiased estimators (floor ~0) say how related they are.
 * Permutation floors (:func:`cka_permutation_floor`): CKA of one stage against another whose rows
   (tokens) are shuffled, (CKA(x, Py) + CKA(Px, y)) / 2 averaged over ``PERM_SHUFFLES`` seeded
-  permutations P (:func:`row_permutations`, the same for every sample). A shuffle keeps each
+  permutations P (:func:`row_permutations`). :func:`probe_report` shuffles each sample once, by
+  its own permutation (seed ``PERM_SEED`` + the sample's index), so its floors average over as many
+  shuffles as there are samples at a quarter of the cost (a shuffle costs about what the
+  sample's CKA matrices cost). A shuffle keeps each
   matrix's own structure (rank, anisotropy, norms per token) and breaks only which token is which,
   so it is the value of "these states, unrelated token by token"; it is computed for every pair of
   stages (the Gaussian floor only knows the shape).
@@ -305,8 +308,8 @@ def _per_sample_cka(
     estimators: Iterable[str] = ESTIMATORS,
     perms: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Estimator -> (N, S, S) CKA matrices, and with ``perms`` (P, L) estimator -> (N, S, S)
-    permutation floors (else {}), one sample at a time (memory: 2 S Gram matrices of L x L);
+    """Estimator -> (N, S, S) CKA matrices, and with ``perms`` (N, P, L), P permutations for each
+    sample, estimator -> (N, S, S) permutation floors (else {}), one sample at a time (memory: 2 S Gram matrices of L x L);
     each kind's kernel is computed once per stage and centred for both of its estimators."""
     tensors = [_f64(t).reshape(-1, *t.shape[-2:]) for t in stages.values()]
     wanted = list(estimators)
@@ -321,7 +324,7 @@ def _per_sample_cka(
                     centred = [_centre(k, name.endswith("_debiased")) for k in kernels]
                     out[name].append(_cka_matrix(centred))
                     if perms is not None:
-                        floors[name].append(_cka_matrix(centred, perms))
+                        floors[name].append(_cka_matrix(centred, perms[i]))
     stacked = {name: torch.stack(matrices) for name, matrices in out.items()}
     return stacked, {name: torch.stack(matrices) for name, matrices in floors.items()}
 
@@ -356,7 +359,7 @@ def cka_permutation_floor(
     if kind not in ("rbf", "linear"):
         raise ValueError(f"unknown CKA kind {kind!r}; use 'rbf' or 'linear'")
     name = _estimator(kind, debiased)
-    perms = row_permutations(x.shape[-2], shuffles, seed)
+    perms = row_permutations(x.shape[-2], shuffles, seed).expand(x.shape[:-2].numel(), -1, -1)
     floors = _per_sample_cka({"x": x, "y": y}, sigma_fraction, [name], perms)[1][name]
     return floors[:, 0, 1].reshape(x.shape[:-2])
 
@@ -592,7 +595,7 @@ def probe_report(
     names: list[str] | None = None
     loops: int | None = None
     shape: tuple[int, int] = (0, 0)
-    perms: Tensor | None = None
+    samples = 0
     collected = _Collected()
     try:
         for input_ids in batches:
@@ -607,8 +610,10 @@ def probe_report(
             collected.add("norms", {name: token_rms_norm(x).reshape(-1) for name, x in everything.items()})
             if names is None:  # fixed by the first batch, so every batch yields the same stages
                 names, loops, shape = list(paper_stages(hidden)), _loops(hidden), tuple(hidden["embedding"].shape[-2:])
-                perms = row_permutations(shape[0])
             stages = {name: hidden[name] for name in names}
+            count = hidden["embedding"].shape[:-2].numel()
+            perms = torch.stack([row_permutations(shape[0], 1, PERM_SEED + samples + i) for i in range(count)])
+            samples += count
             cka, floors = _per_sample_cka(stages, sigma_fraction, perms=perms)
             collected.add("cka", cka)
             collected.add("cka_perm_floors", floors)
