@@ -427,7 +427,11 @@ def test_probe_report_on_a_vanilla_layout():
     assert list(report.updates) == ["prelude", "coda"] and report.state_updates == {}
     assert report.updates["coda"] == (0.0, 0.0)  # a vanilla layout's coda is empty
     metrics = report.as_metrics()
-    assert not [k for k in metrics if "core_balance" in k or "loop_mean" in k or "state_update" in k]
+    assert not [k for k in metrics if "core_balance" in k or "loop_" in k or "state_update" in k]
+    assert metrics["probe/norm/in/coda"] == metrics["probe/norm/out/coda"] == report.norms["prelude"][0]  # empty coda
+    assert report.normed_updates["coda"] == (0.0, 0.0) and {f"probe/cka_{e}/perm_floor" for e in ESTIMATORS} <= set(
+        metrics
+    )
     assert metrics["probe/cka_linear/prelude/coda"] == pytest.approx(1.0)
     assert {f"probe/cka_{e}/floor" for e in ESTIMATORS} <= set(metrics)
 
