@@ -18,8 +18,8 @@ Choices, made once here:
 * Norms (:func:`token_rms_norm`): ||h||_F / sqrt(L) per sample, the root mean square over the L
   tokens of each token's L2 norm (independent of L, so probes of other lengths compare), mean and
   std over samples, for every stage and core output. A block's relative update moves with the
-  norm change across it: MeSH's reads change the state's norm (the prelude's output has 3x the
-  norm of h(0) at init), so its input and output norms are logged next to each update.
+  norm change across it: MeSH's reads change the state's norm (the prelude's output has 2.5-3x
+  the norm of h(0) at init on tiny), so its input and output norms are logged next to each update.
 * Normalised update (:func:`normalised_update`): the paper's measure on both matrices scaled to
   unit Frobenius norm, ||f/||f|| - h/||h||||_F = sqrt(2 - 2 cos), cos the cosine between the
   flattened L x D matrices. It is invariant to rescaling either matrix by any c > 0, equals the
@@ -49,12 +49,11 @@ Choices, made once here:
 * Permutation floors (:func:`cka_permutation_floor`): CKA of one stage against another whose rows
   (tokens) are shuffled, (CKA(x, Py) + CKA(Px, y)) / 2 averaged over ``PERM_SHUFFLES`` seeded
   permutations P (:func:`row_permutations`). :func:`probe_report` shuffles each sample once, by
-  its own permutation (seed ``PERM_SEED`` + the sample's index), so its floors average over as many
-  shuffles as there are samples at a quarter of the cost (a shuffle costs about what the
-  sample's CKA matrices cost). A shuffle keeps each
-  matrix's own structure (rank, anisotropy, norms per token) and breaks only which token is which,
-  so it is the value of "these states, unrelated token by token"; it is computed for every pair of
-  stages (the Gaussian floor only knows the shape).
+  its own permutation (seed ``PERM_SEED`` + the sample's index), so its floors average over as
+  many shuffles as there are samples and add a quarter to the CKA time (four shuffles per sample
+  doubled it). A shuffle keeps each matrix's own structure (rank, anisotropy, norms per token)
+  and breaks only which token is which, so it is the value of "these states, unrelated token by
+  token"; it is computed for every pair of stages (the Gaussian floor only knows the shape).
 * Spectra: singular values of the raw (not centred) L x D matrix, normalised sigma_i / sigma_0,
   the first ``top`` kept and padded with NaN when min(L, D) < top. Effective rank: Roy & Vetterli
   (2007), exp of the Shannon entropy of p_i = sigma_i / sum(sigma) over all singular values.
@@ -284,10 +283,11 @@ def _cka_matrix(grams: list[Tensor], perms: Tensor | None = None) -> Tensor:
     (CKA(G_i, P G_j P^T) + CKA(P G_i P^T, G_j)) / 2. Centring commutes with a permutation of the
     rows, so the centred Grams are permuted, not recomputed."""
     flat = torch.stack([g.flatten() for g in grams])
-    norms = flat.norm(dim=-1)
+    products = flat @ flat.T
+    norms = products.diagonal().sqrt()
     scale = norms[:, None] * norms[None, :]
     if perms is None:
-        return (flat @ flat.T / scale).fill_diagonal_(1.0)
+        return (products / scale).fill_diagonal_(1.0)
     floors = torch.zeros_like(scale)
     for perm in perms:
         shuffled = torch.stack([g[perm][:, perm].flatten() for g in grams])
@@ -309,8 +309,9 @@ def _per_sample_cka(
     perms: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Estimator -> (N, S, S) CKA matrices, and with ``perms`` (N, P, L), P permutations for each
-    sample, estimator -> (N, S, S) permutation floors (else {}), one sample at a time (memory: 2 S Gram matrices of L x L);
-    each kind's kernel is computed once per stage and centred for both of its estimators."""
+    sample, estimator -> (N, S, S) permutation floors (else {}). One sample at a time (memory: 2 S
+    Gram matrices of L x L); each kind's kernel is computed once per stage and centred for both of
+    its estimators."""
     tensors = [_f64(t).reshape(-1, *t.shape[-2:]) for t in stages.values()]
     wanted = list(estimators)
     out: dict[str, list[Tensor]] = {e: [] for e in wanted}
