@@ -11,7 +11,12 @@ the two-sided p-value of
 With fewer than two values on a side (fewer than two pairs), or no spread (a standard error of 0,
 or below the round-off of the values: nothing to scale the difference by), there is no test: only
 the difference.
-:func:`holm` adjusts a family of p-values (Holm's step-down method).
+:func:`holm` adjusts a family of p-values (Holm's step-down method, family-wise error rate),
+:func:`benjamini_hochberg` another (false discovery rate). :func:`equivalent` is the TOST decision
+(two one-sided tests at α: the 1 - 2α CI inside ±margin). :func:`power`, :func:`min_detectable`
+and :func:`seeds_needed` are the two-sided t-test's power from the noncentral t: paired on the SD
+of the per-seed differences (df = n - 1), or, for Welch, the equal-n two-sample approximation with
+the pooled SD (n seeds per row, df = 2n - 2).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scipy.optimize import brentq
+from scipy.stats import nct
 from scipy.stats import t as student_t
 
 Sample = Mapping[str, float] | Sequence[float]
@@ -47,6 +54,13 @@ class Comparison:
     n_a: int
     n_b: int
     reason: str = ""  # why there is no test: "n < 2" | "no spread"
+    df: float | None = None
+    se: float | None = None  # standard error of diff
+    sd: float | None = None  # paired: SD of the differences; Welch: pooled SD of the two rows
+
+    @property
+    def paired(self) -> bool:
+        return self.test.startswith("paired")
 
     @property
     def tested(self) -> bool:
@@ -67,7 +81,17 @@ class Comparison:
             self.n_a,
             self.n_b,
             self.reason,
+            self.df,
+            scale(self.se),
+            scale(self.sd),
         )
+
+    def interval(self, confidence: float) -> tuple[float, float] | None:
+        """The ``confidence`` CI of diff (None when untested)."""
+        if self.se is None or self.df is None:
+            return None
+        half = float(student_t.ppf(0.5 + confidence / 2.0, self.df)) * self.se
+        return self.diff - half, self.diff + half
 
 
 def _paired(a: Sample, b: Sample) -> list[tuple[float, float]] | None:
@@ -85,14 +109,14 @@ ROUND_OFF = 1e-12  # a standard error below this fraction of the values' magnitu
 
 
 def _t_result(
-    diff: float, se: float, scale: float, df: float, test: str, n_a: int, n_b: int, confidence: float
+    diff: float, se: float, sd: float, scale: float, df: float, test: str, n_a: int, n_b: int, confidence: float
 ) -> Comparison:
     if not se > ROUND_OFF * scale or not math.isfinite(se):
         return _untested(diff, n_a, n_b, "no spread")
     statistic = diff / se
     p = float(2.0 * student_t.sf(abs(statistic), df))
     half = float(student_t.ppf(0.5 + confidence / 2.0, df)) * se
-    return Comparison(diff, diff - half, diff + half, min(p, 1.0), test, n_a, n_b)
+    return Comparison(diff, diff - half, diff + half, min(p, 1.0), test, n_a, n_b, "", df, se, sd)
 
 
 def compare(a: Sample, b: Sample, confidence: float = CONFIDENCE) -> Comparison:
@@ -102,9 +126,10 @@ def compare(a: Sample, b: Sample, confidence: float = CONFIDENCE) -> Comparison:
         diffs = [x - y for x, y in pairs]
         n = len(diffs)
         diff = statistics.fmean(diffs)
-        se = statistics.stdev(diffs) / math.sqrt(n)
+        sd = statistics.stdev(diffs)
+        se = sd / math.sqrt(n)
         scale = max(abs(v) for pair in pairs for v in pair)
-        return _t_result(diff, se, scale, n - 1, f"paired t (n={n})", n, n, confidence)
+        return _t_result(diff, se, sd, scale, n - 1, f"paired t (n={n})", n, n, confidence)
     xs = [float(v) for v in (a.values() if isinstance(a, Mapping) else a)]
     ys = [float(v) for v in (b.values() if isinstance(b, Mapping) else b)]
     if not xs or not ys:
@@ -116,7 +141,10 @@ def compare(a: Sample, b: Sample, confidence: float = CONFIDENCE) -> Comparison:
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (len(xs) - 1) + vb**2 / (len(ys) - 1)) if se > 0 else math.nan
     scale = max(abs(v) for v in xs + ys)
-    return _t_result(diff, se, scale, df, "Welch t", len(xs), len(ys), confidence)
+    pooled = math.sqrt(
+        ((len(xs) - 1) * statistics.variance(xs) + (len(ys) - 1) * statistics.variance(ys)) / (len(xs) + len(ys) - 2)
+    )
+    return _t_result(diff, se, pooled, scale, df, "Welch t", len(xs), len(ys), confidence)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -129,6 +157,73 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
         adjusted[index] = running
     return adjusted
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (q-values), in the order given: the k-th smallest of m
+    times m / k, made monotone from the largest down, capped at 1."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i], reverse=True)
+    adjusted = [0.0] * m
+    running = 1.0
+    for position, index in enumerate(order):
+        rank = m - position
+        running = min(running, p_values[index] * m / rank)
+        adjusted[index] = min(1.0, running)
+    return adjusted
+
+
+def equivalent(comparison: Comparison, margin: float, alpha: float = ALPHA) -> bool:
+    """TOST at ``alpha``: both one-sided tests reject, i.e. the 1 - 2·alpha CI lies inside ±margin."""
+    interval = comparison.interval(1.0 - 2.0 * alpha)
+    return interval is not None and -margin < interval[0] and interval[1] < margin
+
+
+POWER = 0.8
+
+
+def _shape(n: int, paired: bool) -> tuple[float, float]:
+    """(df, sqrt of the effective n): paired n - 1 and sqrt(n); two rows of n each 2n - 2 and sqrt(n/2)."""
+    return (n - 1, math.sqrt(n)) if paired else (2 * n - 2, math.sqrt(n / 2.0))
+
+
+def power(effect: float, sd: float, n: int, alpha: float = ALPHA, paired: bool = True) -> float:
+    """Power of the two-sided t-test at ``alpha`` to detect a true difference ``effect`` with
+    ``n`` seeds (per row) and standard deviation ``sd`` (noncentral t)."""
+    if n < 2 or not sd > 0:
+        raise ValueError(f"power() needs n >= 2 and sd > 0, got n={n}, sd={sd}")
+    df, root = _shape(n, paired)
+    ncp = effect / sd * root
+    critical = float(student_t.ppf(1.0 - alpha / 2.0, df))
+    return float(nct.sf(critical, df, ncp) + nct.cdf(-critical, df, ncp))
+
+
+def min_detectable(sd: float, n: int, alpha: float = ALPHA, target: float = POWER, paired: bool = True) -> float:
+    """The smallest |effect| the two-sided t-test detects with probability ``target`` at this n."""
+    high = sd
+    while power(high, sd, n, alpha, paired) < target:
+        high *= 2.0
+    return float(brentq(lambda e: power(e, sd, n, alpha, paired) - target, 0.0, high, xtol=sd * 1e-9))
+
+
+def seeds_needed(
+    effect: float, sd: float, alpha: float = ALPHA, target: float = POWER, paired: bool = True, limit: int = 100_000
+) -> int | None:
+    """The smallest n (per row) with power >= ``target`` for ``effect``; None past ``limit``."""
+    if effect == 0 or not sd > 0:
+        return None
+    low, high = 2, 2
+    while power(effect, sd, high, alpha, paired) < target:
+        if high >= limit:
+            return None
+        low, high = high, min(high * 2, limit)
+    while low < high:  # power grows with n: the first n that reaches the target
+        middle = (low + high) // 2
+        if power(effect, sd, middle, alpha, paired) >= target:
+            high = middle
+        else:
+            low = middle + 1
+    return high
 
 
 def diff_text(comparison: Comparison, decimals: int) -> str:
@@ -151,9 +246,15 @@ __all__ = [
     "CONFIDENCE",
     "METHOD",
     "METHOD_SHORT",
+    "POWER",
     "Comparison",
     "Sample",
+    "benjamini_hochberg",
     "compare",
+    "equivalent",
+    "min_detectable",
+    "power",
+    "seeds_needed",
     "diff_text",
     "format_p",
     "holm",

@@ -98,3 +98,78 @@ def test_holm_adjustment():
     assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
     assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
     assert holm([]) == []
+
+
+# ---------------------------------------------------------------- power, TOST, BH
+
+
+def test_benjamini_hochberg_matches_scipy():
+    import numpy as np
+    from scipy.stats import false_discovery_control
+
+    from results.stats import benjamini_hochberg
+
+    rng = np.random.default_rng(3)
+    for m in (1, 2, 5, 17):
+        p = list(rng.uniform(0, 0.2, m))
+        assert benjamini_hochberg(p) == pytest.approx(list(false_discovery_control(p)), rel=1e-12)
+
+
+def test_power_of_the_paired_t_matches_a_simulation():
+    import numpy as np
+    from scipy.stats import ttest_rel
+
+    from results.stats import power
+
+    rng = np.random.default_rng(0)
+    n, effect, sd, trials = 5, 0.8, 1.0, 4000
+    diffs = rng.normal(effect, sd, (trials, n))
+    rejected = np.mean(ttest_rel(diffs, np.zeros_like(diffs), axis=1).pvalue < 0.05)
+    expected = power(effect, sd, n, paired=True)
+    assert abs(rejected - expected) < 4 * math.sqrt(expected * (1 - expected) / trials)
+
+
+def test_power_of_two_rows_matches_a_simulation():
+    import numpy as np
+    from scipy.stats import ttest_ind
+
+    from results.stats import power
+
+    rng = np.random.default_rng(1)
+    n, effect, sd, trials = 6, 1.5, 1.0, 4000
+    a, b = rng.normal(effect, sd, (trials, n)), rng.normal(0.0, sd, (trials, n))
+    rejected = np.mean(ttest_ind(a, b, axis=1).pvalue < 0.05)
+    expected = power(effect, sd, n, paired=False)
+    assert abs(rejected - expected) < 4 * math.sqrt(expected * (1 - expected) / trials)
+
+
+def test_sample_size_and_mde_textbook_values():
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    from results.stats import min_detectable, power, seeds_needed
+
+    # paired d = 1 at alpha .05 two-sided, 80% power: n = 10 (power 0.803; n = 9 gives 0.759)
+    assert seeds_needed(1.0, 1.0) == 10
+    assert power(1.0, 1.0, 9) < 0.8 <= power(1.0, 1.0, 10)
+    assert power(1.0, 1.0, 10) == pytest.approx(0.8031, abs=1e-3)
+    # two rows, d = 1: 17 per row (textbook two-sample t, 80%, alpha .05)
+    assert seeds_needed(1.0, 1.0, paired=False) == 17
+    # the MDE is the effect whose nct power is exactly 0.8
+    mde = min_detectable(2.0, 3)
+    critical = student_t.ppf(0.975, 2)
+    ncp = mde / 2.0 * math.sqrt(3)
+    assert nct.sf(critical, 2, ncp) + nct.cdf(-critical, 2, ncp) == pytest.approx(0.8, abs=1e-7)
+    assert seeds_needed(0.0, 1.0) is None
+
+
+def test_tost_equivalence_is_the_90_ci_inside_the_margin():
+    from results.stats import compare, equivalent
+
+    a = {"0": 1.000, "1": 1.010, "2": 0.990, "3": 1.005}
+    b = {"0": 1.001, "1": 1.008, "2": 0.992, "3": 1.004}
+    comparison = compare(a, b)
+    low, high = comparison.interval(0.90)
+    assert equivalent(comparison, max(abs(low), abs(high)) * 1.01)
+    assert not equivalent(comparison, max(abs(low), abs(high)) * 0.99)
+    assert comparison.interval(0.95) == pytest.approx((comparison.ci_low, comparison.ci_high))
