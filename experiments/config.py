@@ -97,6 +97,7 @@ class TrackingConfig:
     parent_run_id: str | None = None
     sweep: str | None = None  # set by mesh-sweep; tagged on the run
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags
+    rebuild_store: bool = False  # a damaged sqlite store is moved aside and started empty (else: stop)
 
     def validate(self) -> None:
         if not self.experiment:

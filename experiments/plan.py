@@ -126,7 +126,7 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     check_runs_dir(train.runs_dir)
     runs_dir = Path(train.runs_dir).expanduser().resolve()
     tracking_uri = resolve_tracking_uri(train.tracking.tracking_uri, runs_dir, os.environ)
-    check_tracking_uri(tracking_uri)
+    check_tracking_uri(tracking_uri, allow_damaged=train.tracking.rebuild_store)
     digest = config_hash(config, model_config)
     return RunPlan(
         config=config,

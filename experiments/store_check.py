@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from experiments.tracking import TrackingError, sqlite_path
+from experiments.tracking import TrackingError, check_store_intact, is_being_created, sqlite_path
 from mesh_model.errors import ConfigError
 
 # The SQL databases MLflow's store accepts (SQLAlchemy URLs, ``+driver`` optional) besides sqlite.
@@ -51,13 +51,16 @@ API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
 USE_LOCAL = "or unset MLFLOW_TRACKING_URI to use the local sqlite store"
 
 
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Raise :class:`TrackingError` (one line) when ``uri`` is not an MLflow store this run can use."""
+def check_tracking_uri(uri: str, timeout: float = 5.0, allow_damaged: bool = False) -> None:
+    """Raise :class:`TrackingError` (one line) when ``uri`` is not an MLflow store this run can use;
+    a damaged sqlite store is refused too, unless ``allow_damaged`` (it is about to be set aside)."""
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     if scheme in ("http", "https"):
         _check_server(uri, timeout)
     elif (path := sqlite_path(uri)) is not None:
         _check_sqlite(uri, path)
+        if not allow_damaged and not is_being_created(path):
+            check_store_intact(uri)
     elif scheme in DATABASES:
         _check_database(uri, timeout)
     elif uri.startswith("file:") or ("://" not in uri and not uri.startswith("databricks")):

@@ -45,55 +45,129 @@ def resolve_tracking_uri(configured: str | None, runs_dir: Path, environ: Mappin
     return f"sqlite:///{(runs_dir / DEFAULT_DB).resolve()}"
 
 
-def prepare_sqlite_store(uri: str) -> None:
+def prepare_sqlite_store(uri: str, rebuild: bool = False) -> None:
     """Make sure a local sqlite store exists and is complete, and put it in WAL mode.
 
     Creation is serialised by a file lock beside the database, so the first runs of a parallel
-    grid do not race to create its tables. A store whose creation was cut short (a full disk, a
-    kill) and that holds no run yet is moved aside and created again; one that holds runs but
-    cannot be opened stops with one line. WAL lets the processes of a parallel sweep write side
-    by side (readers never block, writers queue); it is a property of the file and needs a local
-    disk (not NFS): on a cluster, use an MLflow server with a database.
+    grid do not race to create its tables. Creating a store leaves a ``.<name>.creating`` marker
+    beside it until the store opens: a store whose creation was cut short (a full disk, a kill)
+    still has it, and is moved aside and created again. A store that is damaged (truncated,
+    malformed) is never replaced on its own, as its runs would vanish from every report: it stops
+    with one line saying how to recover it, unless ``rebuild`` (``tracking.rebuild_store=true``)
+    sets it aside. WAL lets the processes of a parallel sweep write side by side (readers never
+    block, writers queue); it is a property of the file and needs a local disk (not NFS): on a
+    cluster, use an MLflow server with a database.
     """
     path = sqlite_path(uri)
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(f".{path.name}.lock")):
-        _open_or_rebuild(uri, path)
+        _open_or_rebuild(uri, path, rebuild)
         with sqlite3.connect(path, timeout=60) as connection:
             if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 connection.execute("PRAGMA journal_mode=WAL")
 
 
-def _open_or_rebuild(uri: str, path: Path) -> None:
+def _creating_marker(path: Path) -> Path:
+    return path.with_name(f".{path.name}.creating")
+
+
+def is_being_created(path: Path) -> bool:
+    """Whether this tool began creating the store ``path`` and never finished (it may be replaced)."""
+    return _creating_marker(path).exists()
+
+
+def _open_or_rebuild(uri: str, path: Path, rebuild: bool = False) -> None:
     existed = path.exists() and path.stat().st_size > 0
-    if not existed and _open_copied_empty_store(uri, path):
+    marker = _creating_marker(path)
+    if not existed:
+        marker.touch()  # removed once the store opens: left behind, it says creation never finished
+        _create(uri, path)
         return
     try:
         _open_store(uri)
+        marker.unlink(missing_ok=True)  # it opens: whatever made it finished
         return
     except Exception as error:  # sqlalchemy/MLflow raise several kinds for a half-made schema
         reason = _first_line(error)
-        if not existed:  # creating it failed now (a full disk...): the next start rebuilds it
-            raise TrackingError(f"the MLflow store {path} could not be created ({reason})") from None
-        if _count_runs(path) > 0:
-            raise TrackingError(f"the MLflow store {path} holds runs but cannot be opened ({reason})") from None
-    aside = path.with_name(f"{path.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
+    if marker.exists():
+        _set_aside(uri, path, "incomplete", f"was incomplete ({reason})")
+    elif rebuild:
+        _set_aside(uri, path, "damaged", f"cannot be opened ({reason}); tracking.rebuild_store=true")
+    elif (damage := sqlite_damage(path)) is not None or _count_runs(path) > 0:
+        raise TrackingError(damaged_store_line(path, damage or reason)) from None
+    else:  # intact sqlite, no run in it: a store cut short before the creation marker existed
+        _set_aside(uri, path, "incomplete", f"was incomplete ({reason})")
+    marker.touch()
+    _create(uri, path)
+
+
+def _create(uri: str, path: Path) -> None:
+    try:
+        if not _open_copied_empty_store(uri, path):
+            _open_store(uri)
+    except Exception as error:  # creating it failed now (a full disk...): the next start rebuilds it
+        raise TrackingError(f"the MLflow store {path} could not be created ({_first_line(error)})") from None
+    _creating_marker(path).unlink(missing_ok=True)
+
+
+def _set_aside(uri: str, path: Path, label: str, why: str) -> None:
+    aside = path.with_name(f"{path.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     for suffix in SQLITE_FILE_SUFFIXES:
         if Path(f"{path}{suffix}").exists():
             os.replace(f"{path}{suffix}", f"{aside}{suffix}")
-    print(
-        f"[mesh] the MLflow store {path} was incomplete ({reason}); moved to {aside.name}, created anew",
-        file=sys.stderr,
-    )
+    print(f"[mesh] the MLflow store {path} {why}; moved to {aside.name}, created anew", file=sys.stderr)
     forget_engine(uri)
-    if _open_copied_empty_store(uri, path):
-        return
+
+
+def damaged_store_line(path: Path, reason: str) -> str:
+    """What a damaged store is, and the two ways on, in one line."""
+    recovered = path.with_name(f"{path.stem}-recovered{path.suffix}")
+    return (
+        f"the MLflow store {path} is damaged ({reason}); recover its runs with "
+        f'sqlite3 {path} ".recover" | sqlite3 {recovered} and use tracking_uri=sqlite:///{recovered}, '
+        "or set tracking.rebuild_store=true to move it aside and start an empty store"
+    )
+
+
+def sqlite_damage(path: Path) -> str | None:
+    """Why the sqlite file ``path`` is damaged (shorter than its header says, malformed pages, not
+    a database), or None when it reads. Cheap: the header, then one count over the runs table."""
     try:
-        _open_store(uri)
-    except Exception as error:
-        raise TrackingError(f"the MLflow store {path} could not be created ({_first_line(error)})") from None
+        with open(path, "rb") as f:
+            header = f.read(100)
+        size = path.stat().st_size
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    if not header.startswith(b"SQLite format 3\x00"):
+        return "not a SQLite database"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if header[24:28] == header[92:96] and pages and size < pages * page_size:
+        return f"truncated: {size} bytes of the {pages * page_size} its header records"
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            connection.execute("SELECT count(*) FROM runs").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.OperationalError as error:
+        if "no such table" in str(error) or "locked" in str(error):
+            return None  # a schema never made (incomplete, not damaged), or a writer holding it now
+        return _first_line(error)
+    except sqlite3.Error as error:
+        return _first_line(error)
+    return None
+
+
+def check_store_intact(uri: str) -> None:
+    """Raise :class:`TrackingError` (one line) when ``uri`` is a local sqlite store that is damaged."""
+    path = sqlite_path(uri)
+    damage = sqlite_damage(path) if path is not None and path.is_file() and path.stat().st_size > 0 else None
+    if damage is not None:
+        raise TrackingError(damaged_store_line(path, damage))  # type: ignore[arg-type]
 
 
 def _open_copied_empty_store(uri: str, path: Path) -> bool:
@@ -380,11 +454,12 @@ class RunRecord:
         tags: Mapping[str, str],
         parent_run_id: str | None = None,
         resume: bool = True,
+        rebuild_store: bool = False,
     ) -> RunRecord:
         """Resume the run named in ``run_dir`` (when ``resume``), else open a new one there."""
         import mlflow
 
-        prepare_sqlite_store(tracking_uri)
+        prepare_sqlite_store(tracking_uri, rebuild_store)
         client = mlflow.MlflowClient(tracking_uri)
         id_file = run_dir / cls.ID_FILE
         if resume and id_file.exists():

@@ -195,7 +195,14 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
     tags.update({str(k): str(v) for k, v in tracking["tags"].items()})
     name = tracking["run_name"] or run_name(model_config, plan.config["seed"])
     return RunRecord.open(
-        plan.tracking_uri, plan.run_dir, plan.experiment, name, tags, tracking["parent_run_id"], plan.config["resume"]
+        plan.tracking_uri,
+        plan.run_dir,
+        plan.experiment,
+        name,
+        tags,
+        tracking["parent_run_id"],
+        plan.config["resume"],
+        tracking["rebuild_store"],
     )
 
 

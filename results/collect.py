@@ -51,6 +51,12 @@ def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs") ->
     if (path := sqlite_path(uri)) is not None:
         if not path.exists():
             raise ResultsError(f"no MLflow store at {path}; run a sweep first, or pass --tracking-uri / --runs-dir")
+        from experiments.tracking import TrackingError, check_store_intact
+
+        try:  # a damaged store answers in one line, as mesh-train does, not with SQLAlchemy's traceback
+            check_store_intact(uri)
+        except TrackingError as error:
+            raise ResultsError(str(error)) from None
     else:
         try:
             check_tracking_uri(uri)

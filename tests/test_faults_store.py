@@ -1,0 +1,103 @@
+"""A damaged MLflow store is never replaced on its own: mesh-train and mesh-results stop with one line
+naming the file, the damage and the way on; only a store this tool was creating and never finished is
+rebuilt without being asked, and ``tracking.rebuild_store=true`` sets a damaged one aside.
+
+One real run fills a real sqlite store; each case damages a copy and runs the real commands.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+BIN = Path(sys.executable).parent
+RUN = ("model=tiny", "max_steps=2", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
+RUN += ("data.val_batches=1", "probes.enabled=false")
+
+pytestmark = pytest.mark.slow
+
+
+def mesh_train(runs_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [str(BIN / "mesh-train"), *RUN, f"runs_dir={runs_dir}", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def mesh_results(runs_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    command = [str(BIN / "mesh-results"), "mesh", "--runs-dir", str(runs_dir), "--out", str(tmp_path / "out")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def store_with_a_run(tmp_path_factory) -> Path:
+    runs_dir = tmp_path_factory.mktemp("store")
+    done = mesh_train(runs_dir)
+    assert done.returncode == 0, done.stderr
+    return runs_dir / "mlflow.db"
+
+
+def damaged_copy(store: Path, tmp_path: Path, damage: str) -> Path:
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    db = runs_dir / "mlflow.db"
+    data = store.read_bytes()
+    if damage == "truncated":
+        db.write_bytes(data[: len(data) // 2])
+    else:  # pages overwritten in place: the size is right, the tables are not
+        db.write_bytes(data[:4096] + b"\x5a" * (len(data) - 4096))
+    return db
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_damaged_store_stops_every_command_with_one_line_and_is_kept(store_with_a_run, tmp_path, damage):
+    db = damaged_copy(store_with_a_run, tmp_path, damage)
+    before = db.read_bytes()
+    for done in (mesh_results(db.parent, tmp_path), mesh_train(db.parent, "seed=1")):
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"error: the MLflow store {db} is damaged (")
+        assert f'sqlite3 {db} ".recover" | sqlite3 ' in lines[0] and "tracking.rebuild_store=true" in lines[0]
+    assert db.read_bytes() == before  # kept as it was, where it was (sqlite's own -wal/-shm may appear beside it)
+    assert {p.name for p in db.parent.iterdir()} <= {"mlflow.db", "mlflow.db-wal", "mlflow.db-shm", ".mlflow.db.lock"}
+
+
+def test_the_recover_command_it_names_gets_the_runs_back(store_with_a_run, tmp_path):
+    if shutil.which("sqlite3") is None:
+        pytest.skip("no sqlite3 command")
+    db = damaged_copy(store_with_a_run, tmp_path, "truncated")
+    line = mesh_train(db.parent, "seed=1").stderr.strip()
+    recover = line.split("recover its runs with ")[1].split(" and use ")[0]
+    subprocess.run(recover, shell=True, check=True, capture_output=True)
+    recovered = db.with_name("mlflow-recovered.db")
+    assert recovered.is_file()  # what .recover can read of a half store; the command itself is what is checked
+
+
+def test_rebuild_store_sets_a_damaged_store_aside_and_trains_into_a_new_one(store_with_a_run, tmp_path):
+    db = damaged_copy(store_with_a_run, tmp_path, "truncated")
+    before = db.read_bytes()
+    done = mesh_train(db.parent, "seed=1", "tracking.rebuild_store=true")
+    assert done.returncode == 0, done.stderr
+    (aside,) = [p for p in db.parent.glob("mlflow.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert aside.read_bytes() == before
+    assert sum(f"moved to {aside.name}, created anew" in line for line in done.stderr.splitlines()) == 1
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    (run,) = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+    assert run.info.status == "FINISHED"
+
+
+def test_a_store_this_tool_never_finished_creating_is_rebuilt_without_asking(store_with_a_run, tmp_path):
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    db = runs_dir / "mlflow.db"
+    db.write_bytes(store_with_a_run.read_bytes()[:8192])  # a copy cut short, as a full disk leaves it
+    (runs_dir / ".mlflow.db.creating").touch()  # what creating it leaves until the store opens
+    done = mesh_train(runs_dir, "seed=1")
+    assert done.returncode == 0, done.stderr
+    assert sum("was incomplete" in line and "created anew" in line for line in done.stderr.splitlines()) == 1
+    assert (
+        not (runs_dir / ".mlflow.db.creating").exists() and len(list(runs_dir.glob("mlflow.db.incomplete-*[0-9]"))) == 1
+    )
