@@ -1,0 +1,185 @@
+"""A group-sequential design over seeds: add seeds in stages, stop each primary claim as soon as
+its paired t statistic crosses a boundary, and keep the family-wise error at ``alpha``.
+
+The design (Lan & DeMets 1983, "Discrete sequential boundaries for clinical trials", Biometrika
+70:659; Jennison & Turnbull 2000, "Group Sequential Methods with Applications to Clinical Trials",
+ch. 7 (alpha spending) and ch. 5 (the t statistic)):
+
+* the family: Bonferroni over the ``m`` primary claims, each gets ``alpha / m`` (Holm's step-down
+  is not used across looks: with a sequential boundary its gain is small and its proof longer);
+* within a claim: the two-sided paired t-test is looked at after each stage, n_k = k·stage seeds
+  per arm up to ``n_max``; the claim's share is spent over the information fractions
+  t_k = n_k / n_max by a Lan-DeMets spending function, O'Brien-Fleming type
+  a(t) = 2 - 2·Φ(z_{1-a/2} / √t) (default) or Pocock type a(t) = a·ln(1 + (e - 1)·t);
+* the boundaries c_k for |T_k| (T_k = mean / (sd / √n_k), df n_k - 1) are calibrated by
+  simulation: under the null, T_k does not depend on the SD, so ``paths`` seeded standard-normal
+  paths give P(first |T_j| > c_j at look k) = a(t_k) - a(t_{k-1}) look by look. An increment
+  below one path's weight gives c_k = inf (no stop at that look; conservative);
+* futility (non-binding, so it can only lower the type-I error): at an interim look, a claim
+  stops *futile* when its 1 - share confidence interval excludes the paper's effect (the effect
+  is implausible; more seeds are unlikely to find it). Off with ``futility=False``.
+
+Decisions per claim per look: ``reject`` (the sign says holds or contradicted), ``continue``,
+``futile``, or ``inconclusive`` at the cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy.stats import norm
+from scipy.stats import t as student_t
+
+from mesh_model import ConfigError
+
+SPENDING = ("obrien_fleming", "pocock")
+CALIBRATION_PATHS = 400_000
+CALIBRATION_SEED = 20_260_101
+PRIOR_SD = 0.03  # nats: SD of per-seed differences assumed when no finished runs say otherwise
+
+REJECT, CONTINUE, FUTILE, INCONCLUSIVE = "reject", "continue", "futile", "inconclusive"
+
+
+def spent(fraction: float, alpha: float, spending: str = "obrien_fleming") -> float:
+    """The two-sided alpha spent by information fraction ``fraction`` (Lan-DeMets)."""
+    if fraction <= 0:
+        return 0.0
+    fraction = min(fraction, 1.0)
+    if spending == "pocock":
+        return alpha * math.log(1.0 + (math.e - 1.0) * fraction)
+    return float(2.0 - 2.0 * norm.cdf(norm.ppf(1.0 - alpha / 2.0) / math.sqrt(fraction)))
+
+
+@dataclass(frozen=True)
+class Design:
+    """``stage`` seeds per arm per look, up to ``n_max``; ``alpha`` over ``claims`` primary claims."""
+
+    stage: int = 3
+    n_max: int = 12
+    alpha: float = 0.05
+    claims: int = 1
+    spending: str = "obrien_fleming"
+    futility: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stage < 2:
+            raise ConfigError("seeds.stage", self.stage, "an integer >= 2 (a paired t-test needs two seeds)")
+        if self.n_max < self.stage:
+            raise ConfigError("seeds.max", self.n_max, f"an integer >= seeds.stage ({self.stage})")
+        if not 0 < self.alpha < 1:
+            raise ConfigError("seeds.alpha", self.alpha, "a number strictly between 0 and 1, e.g. 0.05")
+        if self.claims < 1:
+            raise ConfigError("seeds=auto", "no primary claim", "a grid whose runs test a primary claim")
+        if self.spending not in SPENDING:
+            raise ConfigError("seeds.spending", self.spending, " or ".join(SPENDING))
+
+    @property
+    def share(self) -> float:
+        """Each claim's alpha (Bonferroni over the primary claims)."""
+        return self.alpha / self.claims
+
+    @property
+    def looks(self) -> list[int]:
+        """Seeds per arm at each look: stage, 2·stage, ..., and n_max last."""
+        sizes = list(range(self.stage, self.n_max, self.stage))
+        return [*sizes, self.n_max]
+
+    @property
+    def boundaries(self) -> list[float]:
+        return list(_boundaries(tuple(self.looks), self.share, self.spending))
+
+    def look_index(self, n: int) -> int:
+        """The look a claim with ``n`` seeds per arm is at (the last one that many seeds reach)."""
+        reached = [k for k, size in enumerate(self.looks) if size <= n]
+        if not reached:
+            raise ValueError(f"{n} seeds per arm reach no look of {self.looks}")
+        return reached[-1]
+
+    def decide(self, diffs: Sequence[float], effect: float | None = None) -> str:
+        """The decision on one claim's per-seed paired differences (claimed - other) at its look."""
+        n = len(diffs)
+        k = self.look_index(n)
+        values = np.asarray(diffs, dtype=float)
+        mean, sd = float(values.mean()), float(values.std(ddof=1))
+        last = k == len(self.looks) - 1
+        if not sd > 0:
+            return INCONCLUSIVE if last else CONTINUE
+        statistic = mean / (sd / math.sqrt(n))
+        if abs(statistic) > self.boundaries[k]:
+            return REJECT
+        if last:
+            return INCONCLUSIVE
+        if self.futility and effect is not None and _excludes(mean, sd, n, effect, self.share):
+            return FUTILE
+        return CONTINUE
+
+    def power(self, effect: float, sd: float, paths: int = 200_000, seed: int = 1) -> float:
+        """P(reject in the direction of ``effect``) for one claim (simulated, futility included)."""
+        diffs = np.random.default_rng(seed).normal(effect, sd, size=(paths, self.n_max))
+        return float(np.mean(decide_paths(self, diffs, effect) == np.sign(effect)))
+
+
+def _excludes(mean: float, sd: float, n: int, effect: float, share: float) -> bool:
+    half = float(student_t.ppf(1.0 - share / 2.0, n - 1)) * sd / math.sqrt(n)
+    return not mean - half <= effect <= mean + half
+
+
+def running_t(diffs: np.ndarray, looks: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(T, mean, sd) at each look for each row of ``diffs`` (paths x seeds): arrays paths x looks."""
+    means = np.stack([diffs[:, :n].mean(axis=1) for n in looks], axis=1)
+    sds = np.stack([diffs[:, :n].std(axis=1, ddof=1) for n in looks], axis=1)
+    roots = np.sqrt(np.asarray(looks, dtype=float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        statistics = np.where(sds > 0, means / (sds / roots), 0.0)
+    return statistics, means, sds
+
+
+@lru_cache(maxsize=64)
+def _boundaries(looks: tuple[int, ...], share: float, spending: str) -> tuple[float, ...]:
+    rng = np.random.default_rng(CALIBRATION_SEED)
+    paths = rng.standard_normal((CALIBRATION_PATHS, looks[-1]))
+    statistics = np.abs(running_t(paths, looks)[0])
+    alive = np.ones(CALIBRATION_PATHS, dtype=bool)
+    bounds = []
+    for k, n in enumerate(looks):
+        increment = spent(n / looks[-1], share, spending) - (
+            spent(looks[k - 1] / looks[-1], share, spending) if k else 0
+        )
+        crossings = int(math.floor(increment * CALIBRATION_PATHS))
+        if crossings < 1:
+            bounds.append(math.inf)
+            continue
+        survivors = np.sort(statistics[alive, k])[::-1]
+        bound = float(survivors[crossings - 1]) if crossings <= survivors.size else 0.0
+        if crossings < survivors.size:  # midway to the next value: P(|T| > bound) is the increment
+            bound = 0.5 * (bound + float(survivors[crossings]))
+        bounds.append(bound)
+        alive &= statistics[:, k] <= bound
+    return tuple(bounds)
+
+
+def decide_paths(design: Design, diffs: np.ndarray, effect: float | None = None) -> np.ndarray:
+    """Each path's outcome (paths x n_max differences): +1 / -1 rejected with that sign, 0 not."""
+    statistics, means, sds = running_t(diffs, design.looks)
+    bounds = np.asarray(design.boundaries)
+    outcome = np.zeros(diffs.shape[0], dtype=int)
+    open_ = np.ones(diffs.shape[0], dtype=bool)
+    for k, n in enumerate(design.looks):
+        crossed = open_ & (np.abs(statistics[:, k]) > bounds[k])
+        outcome[crossed] = np.sign(statistics[crossed, k]).astype(int)
+        open_ &= ~crossed
+        if design.futility and effect is not None and k < len(design.looks) - 1:
+            half = student_t.ppf(1.0 - design.share / 2.0, n - 1) * sds[:, k] / math.sqrt(n)
+            open_ &= (means[:, k] - half <= effect) & (effect <= means[:, k] + half)
+    return outcome
+
+
+def naive_paths(diffs: np.ndarray, looks: Sequence[int], alpha: float) -> np.ndarray:
+    """Reject when any look's plain two-sided t-test at ``alpha`` does (no spending): True / False."""
+    statistics = np.abs(running_t(diffs, looks)[0])
+    critical = np.asarray([student_t.ppf(1.0 - alpha / 2.0, n - 1) for n in looks])
+    return (statistics > critical).any(axis=1)

@@ -1,0 +1,127 @@
+"""The group-sequential design over seeds (results/sequential.py), proven by simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import t as student_t
+
+from mesh_model import ConfigError
+from results.sequential import CONTINUE, FUTILE, INCONCLUSIVE, REJECT, Design, decide_paths, naive_paths, spent
+
+GRIDS = 4000
+SD = 0.03  # nats, per-seed difference
+EFFECT = -0.036  # the paper's MeSH gain
+
+
+def shared_arm_grids(effect: float, claims: int = 4, n: int = 12, seed: int = 0) -> np.ndarray:
+    """grids x claims x seeds differences MeSH - baseline_j: the MeSH arm is shared, so any two
+    claims' differences correlate 0.5 (each arm's per-seed SD is SD / sqrt(2))."""
+    rng = np.random.default_rng(seed)
+    arm = SD / math.sqrt(2.0)
+    mesh = rng.normal(effect, arm, size=(GRIDS, 1, n))
+    baselines = rng.normal(0.0, arm, size=(GRIDS, claims, n))
+    return mesh - baselines
+
+
+def family_outcomes(design: Design, diffs: np.ndarray, effect: float | None) -> np.ndarray:
+    return np.stack([decide_paths(design, diffs[:, j, :], effect) for j in range(diffs.shape[1])], axis=1)
+
+
+def mc_se(p: float, n: int = GRIDS) -> float:
+    return math.sqrt(p * (1 - p) / n)
+
+
+def test_the_shared_arm_makes_claims_correlate_one_half():
+    diffs = shared_arm_grids(0.0)
+    r = np.corrcoef(diffs[:, 0, 0], diffs[:, 1, 0])[0, 1]
+    assert r == pytest.approx(0.5, abs=0.05)
+    assert diffs[:, 0, :].std() == pytest.approx(SD, rel=0.03)
+
+
+@pytest.mark.parametrize("spending", ["obrien_fleming", "pocock"])
+def test_family_wise_error_under_the_null_is_at_most_alpha(spending):
+    design = Design(stage=3, n_max=12, alpha=0.05, claims=4, spending=spending)
+    outcomes = family_outcomes(design, shared_arm_grids(0.0, seed=1), EFFECT)
+    fwer = float((outcomes != 0).any(axis=1).mean())
+    print(f"\n{spending}: family-wise false-positive rate {fwer:.4f} (alpha 0.05, MC SE {mc_se(0.05):.4f})")
+    assert fwer <= 0.05 + 2 * mc_se(0.05)
+
+
+def test_naive_retesting_after_each_stage_exceeds_alpha():
+    diffs = shared_arm_grids(0.0, seed=1)
+    design = Design(claims=4)
+    per_claim = float(naive_paths(diffs[:, 0, :], design.looks, 0.05).mean())
+    family = np.stack([naive_paths(diffs[:, j, :], design.looks, design.share) for j in range(4)], axis=1)
+    fwer = float(family.any(axis=1).mean())
+    print(f"\nnaive: one claim at 0.05 each look {per_claim:.4f}; 4 claims at 0.0125 each look {fwer:.4f}")
+    assert per_claim > 0.05 + 3 * mc_se(0.05)
+    assert fwer > 0.05 + 2 * mc_se(0.05)
+
+
+def test_power_under_the_papers_effect_matches_the_design():
+    design = Design(claims=4)
+    outcomes = family_outcomes(design, shared_arm_grids(EFFECT, seed=2), EFFECT)
+    expected = design.power(EFFECT, SD)
+    for j in range(4):
+        empirical = float((outcomes[:, j] == -1).mean())
+        print(f"\nclaim {j}: empirical power {empirical:.4f}, design {expected:.4f}")
+        assert empirical == pytest.approx(expected, abs=3 * mc_se(expected) + 0.005)
+    assert (outcomes == 1).sum() == 0  # never the wrong sign under this effect
+
+
+def test_one_look_is_the_plain_t_test():
+    (bound,) = Design(stage=12, n_max=12, alpha=0.05).boundaries
+    assert bound == pytest.approx(student_t.ppf(0.975, 11), rel=0.005)
+    fixed = Design(stage=12, n_max=12, alpha=0.05, futility=False).power(EFFECT, SD, paths=100_000)
+    from results.stats import power
+
+    assert fixed == pytest.approx(power(EFFECT, SD, 12, 0.05), abs=0.006)
+
+
+def test_spending_reaches_alpha_at_the_cap_and_grows():
+    for kind in ("obrien_fleming", "pocock"):
+        values = [spent(t, 0.05, kind) for t in (0.25, 0.5, 0.75, 1.0)]
+        assert values == sorted(values)
+        assert values[-1] == pytest.approx(0.05)
+    assert spent(0.25, 0.05) < spent(0.25, 0.05, "pocock")  # O'Brien-Fleming spends little early
+
+
+def test_decide_agrees_with_the_vectorised_paths():
+    design = Design(stage=3, n_max=12, alpha=0.05, claims=1, spending="pocock")
+    rng = np.random.default_rng(5)
+    diffs = rng.normal(-0.03, 0.03, size=(300, 12))
+    outcomes = decide_paths(design, diffs, EFFECT)
+    for row, outcome in zip(diffs, outcomes, strict=True):
+        decision = CONTINUE
+        for n in design.looks:
+            decision = design.decide(row[:n], EFFECT)
+            if decision != CONTINUE:
+                break
+        assert (decision == REJECT) == (outcome != 0)
+        assert decision in (REJECT, FUTILE, INCONCLUSIVE)
+
+
+def test_futility_stops_a_claim_whose_interval_excludes_the_effect():
+    design = Design(stage=3, n_max=12, claims=1)
+    diffs = [0.031, 0.029, 0.030, 0.032, 0.028, 0.030]  # clearly + but bound at 6 seeds is large
+    assert design.decide(diffs, effect=EFFECT) in (FUTILE, REJECT)
+    assert design.decide(diffs[:3], effect=EFFECT) == FUTILE  # the first look never rejects (bound inf)
+    assert Design(stage=3, n_max=12, claims=1, futility=False).decide(diffs[:3], EFFECT) == CONTINUE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"stage": 0}, "seeds.stage"),
+        ({"n_max": 2}, "seeds.max"),
+        ({"alpha": 1.5}, "seeds.alpha"),
+        ({"claims": 0}, "seeds=auto"),
+    ],
+)
+def test_bad_designs_are_refused_in_one_line(kwargs, field):
+    with pytest.raises(ConfigError) as error:
+        Design(**kwargs)
+    assert field in str(error.value) and "\n" not in str(error.value)
