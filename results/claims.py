@@ -8,7 +8,9 @@ and what is allowed); :func:`evaluate` tests every claim in every block where it
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -21,17 +23,31 @@ from mesh_model.schemes import SCHEME_FORMS
 from results.aggregate import Results, Row
 from results.collect import ResultsError
 from results.paper import canonical_scheme, default_slots, slots_value
-from results.stats import ALPHA, Comparison, holm
+from results.stats import (
+    ALPHA,
+    Comparison,
+    benjamini_hochberg,
+    compare,
+    equivalent,
+    holm,
+    min_detectable,
+    seeds_needed,
+)
 
 DATA_FILE = "paper_claims.yaml"
 HOLDS = "holds"
-AGREES = "agrees, not significant"
-DISAGREES = "disagrees, not significant"
+EQUIVALENT = "equivalent"
+INCONCLUSIVE = "inconclusive"
 CONTRADICTED = "contradicted"
 NOT_TESTED = "not tested"
-VERDICTS = (HOLDS, AGREES, DISAGREES, CONTRADICTED, NOT_TESTED)
+VERDICTS = (HOLDS, EQUIVALENT, INCONCLUSIVE, CONTRADICTED, NOT_TESTED)
+LEANS_WITH = "leans the paper's way"
+LEANS_AGAINST = "leans against"
 KINDS = ("pairwise", "best_of")
 EXPECT = ("lower", "higher")
+PRIORITIES = ("primary", "secondary")
+DEFAULT_PPL_MARGIN = 0.01  # ±1% PPL (0.01 nats of val loss) when the paper gives no effect
+FRAGILE_N = 3  # fewer seeds than this: the verdict says "fragile"
 PPL = "ppl"  # the metric name for "the validation PPL of every validation set"
 
 
@@ -101,6 +117,23 @@ class Claim:
     against: Selector
     also: tuple[str, ...] = ()
     paper: str = ""
+    priority: str = "secondary"
+    paper_effect: float | None = None  # the paper's Δ: log PPL ratio for ppl, else in the metric's units
+    margin: float | None = None  # equivalence margin, same units
+    within_margin: bool = False  # "slightly": holds only if the significant Δ is also inside the margin
+
+    @property
+    def log_scale(self) -> bool:
+        return self.metric == PPL
+
+    @property
+    def equivalence_margin(self) -> float | None:
+        """The declared margin, else |paper effect|, else ±1% PPL for ppl claims (None for others)."""
+        if self.margin is not None:
+            return self.margin
+        if self.paper_effect is not None:
+            return abs(self.paper_effect)
+        return DEFAULT_PPL_MARGIN if self.log_scale else None
 
 
 @dataclass(frozen=True)
@@ -110,8 +143,22 @@ class ClaimSet:
     source: str = f"results/{DATA_FILE}"
 
 
-_CLAIM_FIELDS = {"id", "statement", "paper", "metric", "also", "expect", "kind", "row", "against"}
-_REQUIRED = ("id", "statement", "metric", "expect", "kind", "row", "against")
+_CLAIM_FIELDS = {
+    "id",
+    "statement",
+    "paper",
+    "metric",
+    "also",
+    "expect",
+    "kind",
+    "row",
+    "against",
+    "priority",
+    "paper_effect",
+    "margin",
+    "within_margin",
+}
+_REQUIRED = ("id", "statement", "metric", "expect", "kind", "row", "against", "priority")
 
 
 class _Checker:
@@ -149,6 +196,16 @@ class _Checker:
             raise self.fail(name, value, ", ".join(choices))
         return value
 
+    def number(self, mapping: dict[str, Any], name: str, positive: bool) -> float | None:
+        value = mapping.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(name, value, "a number" + (" > 0" if positive else ""))
+        if positive and value <= 0:
+            raise self.fail(name, value, "a number > 0 (the half-width of the equivalence band)")
+        return float(value)
+
     def scheme(self, name: Any, allow_same: bool) -> str:
         if allow_same and name == "same":
             return name
@@ -176,6 +233,13 @@ class _Checker:
         layout = self.choice(mapping, "layout", ("same", "any"), "same") if against else "any"
         moe = self.choice(mapping, "moe", ("any", "only", "never"), "any") if not against else "any"
         return Selector(schemes, layout, str(slots), moe)
+
+
+def _flag(check: _Checker, entry: dict[str, Any], name: str) -> bool:
+    value = entry.get(name, False)
+    if not isinstance(value, bool):
+        raise check.fail(name, value, "true or false")
+    return value
 
 
 def load_claims(path: str | Path | None = None) -> ClaimSet:
@@ -214,6 +278,10 @@ def load_claims(path: str | Path | None = None) -> ClaimSet:
                 against=check.selector(entry["against"], "against"),
                 also=tuple(also),
                 paper=check.text(entry, "paper") if "paper" in entry else "",
+                priority=check.choice(entry, "priority", PRIORITIES, ""),
+                paper_effect=check.number(entry, "paper_effect", positive=False),
+                margin=check.number(entry, "margin", positive=True),
+                within_margin=_flag(check, entry, "within_margin"),
             )
         )
     return ClaimSet(tuple(claims), alpha, check.source)
@@ -224,12 +292,15 @@ def load_claims(path: str | Path | None = None) -> ClaimSet:
 
 @dataclass(frozen=True)
 class Line:
-    """One comparison: the claimed row against ``other`` (diff = claimed - other)."""
+    """One comparison: the claimed row against ``other`` (diff = claimed - other; for ``ppl`` claims
+    the difference of mean log PPL, i.e. of mean val loss, so exp(diff) - 1 is the relative change)."""
 
     other: Row
     comparison: Comparison
-    verdict: str  # of this comparison alone
+    verdict: str  # of this comparison alone, at alpha on its raw p
     p_holm: float | None = None  # best_of: p adjusted across the claim's comparisons
+    mde: float | None = None  # the |Δ| detectable with 80% power at this n and SD
+    seeds_needed: int | None = None  # seeds per row for the paper's effect at 80% power, this SD
 
 
 @dataclass
@@ -241,44 +312,115 @@ class Evaluation:
     metric: str
     row: Row | None
     verdict: str
-    reason: str = ""  # why not tested, or how a best_of verdict was reached
+    reason: str = ""  # why not tested, or how the verdict was reached
     lines: list[Line] = field(default_factory=list)
     supplementary: bool = False  # a metric of the claim's ``also``
+    p: float | None = None  # the p that enters the error-rate family (best_of: see _best_of_p)
+    p_adjusted: float | None = None  # Holm across the primary family, BH across the secondary
+    lean: str = ""  # inconclusive: which way the mean leans
+
+    @property
+    def family(self) -> str:
+        return "primary" if self.claim.priority == "primary" and not self.supplementary else "secondary"
+
+    @property
+    def fragile(self) -> bool:
+        return any(x.comparison.tested and min(x.comparison.n_a, x.comparison.n_b) < FRAGILE_N for x in self.lines)
+
+    @property
+    def verdict_text(self) -> str:
+        """``inconclusive, leans the paper's way (n=2, fragile)``."""
+        text = self.verdict + (f", {self.lean}" if self.lean else "")
+        if self.reason.startswith("not slight"):
+            text += " (not slight)"
+        if self.fragile:
+            n = min(min(x.comparison.n_a, x.comparison.n_b) for x in self.lines if x.comparison.tested)
+            text += f" (n={n}, fragile)"
+        return text
 
 
 def _agrees(comparison: Comparison, expect: str) -> bool:
     return comparison.diff < 0 if expect == "lower" else comparison.diff > 0
 
 
-def pairwise_verdict(comparison: Comparison, expect: str, alpha: float = ALPHA) -> str:
-    """The verdict of one two-sided test read in the claim's direction."""
+def _lean(comparison: Comparison, expect: str) -> str:
+    return LEANS_WITH if _agrees(comparison, expect) else LEANS_AGAINST
+
+
+def pairwise_verdict(
+    comparison: Comparison, claim: Claim, alpha: float = ALPHA, p_adjusted: float | None = None
+) -> tuple[str, str, str]:
+    """(verdict, lean, reason) of one two-sided test read in the claim's direction; ``p_adjusted``
+    (default the raw p) decides significance, TOST at alpha decides equivalence."""
     if comparison.p is None:
-        return NOT_TESTED
-    agrees = _agrees(comparison, expect)
-    if comparison.p < alpha:
-        return HOLDS if agrees else CONTRADICTED
-    return AGREES if agrees else DISAGREES
+        return NOT_TESTED, "", comparison.reason
+    p = comparison.p if p_adjusted is None else p_adjusted
+    agrees = _agrees(comparison, claim.expect)
+    margin = claim.equivalence_margin
+    if p < alpha and not agrees:
+        return CONTRADICTED, "", ""
+    if p < alpha and claim.within_margin and margin is not None:
+        bound = comparison.ci_high if claim.expect == "higher" else -(comparison.ci_low or 0.0)
+        if bound is not None and bound < margin:
+            return HOLDS, "", f"significant and inside the ±{margin:g} margin"
+        if abs(comparison.diff) > margin:
+            return CONTRADICTED, "", f"not slight: Δ beyond the ±{margin:g} margin"
+        return INCONCLUSIVE, LEANS_WITH, f"significant, but the 95% CI reaches past the ±{margin:g} margin"
+    if p < alpha:
+        return HOLDS, "", ""
+    if margin is not None and equivalent(comparison, margin, alpha):
+        return EQUIVALENT, "", f"90% CI inside ±{margin:g}"
+    return INCONCLUSIVE, _lean(comparison, claim.expect), ""
 
 
-def best_of_verdict(lines: list[Line], expect: str, alpha: float = ALPHA) -> tuple[str, str]:
-    """(verdict, reason) of "the row beats every other": holds when every comparison holds
-    (intersection-union test); contradicted when another row is significantly better after Holm's
-    correction; not tested when a comparison cannot be tested."""
-    against = [x for x in lines if x.p_holm is not None and x.p_holm < alpha and not _agrees(x.comparison, expect)]
+def _missing(claim: Claim, others: list[Row]) -> list[str]:
+    """The schemes a best_of claim names that no compared row has (incomplete comparison set)."""
+    if claim.against.schemes == ("same",):
+        return []
+    present = {canonical_scheme(o.scheme) for o in others}
+    return [s for s in claim.against.schemes if s not in present]
+
+
+def _best_of_p(lines: list[Line], expect: str) -> float | None:
+    """Every comparison the paper's way: the intersection-union p (the largest raw p); otherwise the
+    smallest Holm p of a row with a better mean (the candidate contradiction)."""
+    if any(not x.comparison.tested for x in lines):
+        return None
+    against = [x.p_holm for x in lines if not _agrees(x.comparison, expect) and x.p_holm is not None]
     if against:
-        names = ", ".join(f"`{x.other.label}`" for x in against)
-        return CONTRADICTED, f"significantly better after Holm's correction: {names}"
+        return min(against)
+    return max(x.comparison.p for x in lines if x.comparison.p is not None)
+
+
+def best_of_verdict(
+    lines: list[Line], expect: str, alpha: float = ALPHA, p_adjusted: float | None = None, missing: Sequence[str] = ()
+) -> tuple[str, str, str]:
+    """(verdict, lean, reason) of "the row beats every other" (an intersection-union test): holds when
+    every comparison goes the paper's way and the largest p, adjusted across the family, is below
+    alpha; contradicted when a row with a better mean is significant after Holm's correction across the
+    claim's comparisons (and the family's); capped at inconclusive when rows the claim names are missing."""
+    p = _best_of_p(lines, expect)
+    adjusted = p if p_adjusted is None else p_adjusted
+    better = [x for x in lines if not _agrees(x.comparison, expect)]
+    if adjusted is not None and better and adjusted < alpha:
+        names = ", ".join(f"`{x.other.label}`" for x in better if x.p_holm is not None and x.p_holm <= p)
+        return CONTRADICTED, "", f"significantly better after Holm's correction: {names}"
     untested = [x for x in lines if not x.comparison.tested]
     if untested:
         names = ", ".join(f"`{x.other.label}` ({x.comparison.reason})" for x in untested)
-        return NOT_TESTED, f"no test against {names}"
+        return NOT_TESTED, "", f"no test against {names}"
     held = sum(x.verdict == HOLDS for x in lines)
     summary = f"{held} of {len(lines)} comparisons significant in the paper's direction"
-    if held == len(lines):
-        return HOLDS, summary
-    if all(_agrees(x.comparison, expect) for x in lines):
-        return AGREES, f"best mean; {summary}"
-    return DISAGREES, f"not the best mean, no other row significantly better; {summary}"
+    if missing:
+        summary = (
+            f"best of the {len(lines)} present; {summary}; cannot hold the full claim: no "
+            + ", ".join(missing)
+            + " row"
+        )
+    lean = LEANS_AGAINST if better else LEANS_WITH
+    if not better and adjusted is not None and adjusted < alpha:
+        return (INCONCLUSIVE, lean, summary) if missing else (HOLDS, "", summary)
+    return INCONCLUSIVE, lean, ("best mean; " if not better else "not the best mean; ") + summary
 
 
 def _metrics(claim: Claim, results: Results, rows: list[Row]) -> list[tuple[str, bool]]:
@@ -292,8 +434,36 @@ def _metrics(claim: Claim, results: Results, rows: list[Row]) -> list[tuple[str,
     return [(m, False) for m in primary] + [(m, True) for m in also]
 
 
+def _log(sample: Any) -> Any:
+    if isinstance(sample, dict):
+        return {k: math.log(v) for k, v in sample.items()}
+    return tuple(math.log(v) for v in sample)
+
+
+def compare_rows(row: Row, other: Row, metric: str, log_scale: bool) -> Comparison | None:
+    """``row`` - ``other`` over seeds; PPL on the log scale (Δ = difference of mean log PPL)."""
+    ours, theirs = row.stats.get(metric), other.stats.get(metric)
+    if ours is None or theirs is None:
+        return None
+    if log_scale and min(ours.values + theirs.values) > 0:
+        return compare(_log(ours.sample), _log(theirs.sample))
+    return compare(ours.sample, theirs.sample)
+
+
+def _line(claim: Claim, other: Row, comparison: Comparison, alpha: float, p_holm: float | None = None) -> Line:
+    mde = needed = None
+    if comparison.tested and comparison.sd and comparison.sd > 0:
+        n = min(comparison.n_a, comparison.n_b)
+        mde = min_detectable(comparison.sd, n, alpha, paired=comparison.paired)
+        if claim.paper_effect:
+            needed = seeds_needed(claim.paper_effect, comparison.sd, alpha, paired=comparison.paired)
+    verdict = pairwise_verdict(comparison, claim, alpha)[0]
+    return Line(other, comparison, verdict, p_holm, mde, needed)
+
+
 def _evaluate_row(claim: Claim, block: str, row: Row, others: list[Row], metric: str, alpha: float) -> list[Evaluation]:
-    """The evaluations of ``claim`` for the claimed ``row`` against ``others`` in ``metric``."""
+    """The evaluations of ``claim`` for the claimed ``row`` against ``others`` in ``metric``
+    (verdicts provisional until :func:`decide` has adjusted the family's p-values)."""
 
     def untested(reason: str) -> Evaluation:
         return Evaluation(claim, block, metric, row, NOT_TESTED, reason)
@@ -302,35 +472,53 @@ def _evaluate_row(claim: Claim, block: str, row: Row, others: list[Row], metric:
         return [untested(f"`{row.label}` did not log `{metric}`")]
     if not others:
         return [untested(f"no {claim.against.text} in this block")]
+    log_scale = claim.log_scale and metric.endswith("ppl")
     unlogged = [o for o in others if metric not in o.stats]
     if claim.kind == "pairwise":
         evaluations = []
         for other in others:
-            comparison = row.compare(other, metric)
+            comparison = compare_rows(row, other, metric, log_scale)
             if comparison is None:
                 evaluations.append(untested(f"`{other.label}` did not log `{metric}`"))
                 continue
-            verdict = pairwise_verdict(comparison, claim.expect, alpha)
-            line = Line(other, comparison, verdict)
-            evaluations.append(Evaluation(claim, block, metric, row, verdict, comparison.reason, [line]))
+            line = _line(claim, other, comparison, alpha)
+            evaluations.append(Evaluation(claim, block, metric, row, line.verdict, "", [line], p=comparison.p))
         return evaluations
     if unlogged:
         return [untested(", ".join(f"`{o.label}`" for o in unlogged) + f" did not log `{metric}`")]
-    comparisons = [row.compare(other, metric) for other in others]
+    comparisons = [compare_rows(row, other, metric, log_scale) for other in others]
     tested = [i for i, c in enumerate(comparisons) if c.p is not None]
     adjusted = dict(zip(tested, holm([comparisons[i].p for i in tested]), strict=True))
     lines = [
-        Line(other, c, pairwise_verdict(c, claim.expect, alpha), adjusted.get(i))
+        _line(claim, other, c, alpha, adjusted.get(i))
         for i, (other, c) in enumerate(zip(others, comparisons, strict=True))
     ]
-    verdict, reason = best_of_verdict(lines, claim.expect, alpha)
-    return [Evaluation(claim, block, metric, row, verdict, reason, lines)]
+    return [Evaluation(claim, block, metric, row, NOT_TESTED, "", lines, p=_best_of_p(lines, claim.expect))]
+
+
+def decide(evaluations: list[Evaluation], alpha: float = ALPHA) -> None:
+    """Adjust the p-values of the tested evaluations across their family (Holm over the primary
+    claims, Benjamini-Hochberg over the secondary ones and every ``also`` metric), then give each
+    its verdict on the adjusted p."""
+    for family, adjust in (("primary", holm), ("secondary", benjamini_hochberg)):
+        members = [e for e in evaluations if e.family == family and e.p is not None]
+        for evaluation, p in zip(members, adjust([e.p for e in members]), strict=True):
+            evaluation.p_adjusted = p
+    for e in evaluations:
+        if not e.lines:
+            continue
+        if e.claim.kind == "pairwise":
+            e.verdict, e.lean, e.reason = pairwise_verdict(e.lines[0].comparison, e.claim, alpha, e.p_adjusted)
+        else:
+            others = [x.other for x in e.lines]
+            missing = _missing(e.claim, others)
+            e.verdict, e.lean, e.reason = best_of_verdict(e.lines, e.claim.expect, alpha, e.p_adjusted, missing)
 
 
 def evaluate(results: Results, claims: ClaimSet | None = None) -> list[Evaluation]:
     """Every claim in every block that has a row it selects (one evaluation per claimed row,
-    metric and, for pairwise claims, compared row); a claim no block can test gets one
-    "not tested" evaluation."""
+    metric and, for pairwise claims, compared row), with verdicts after the error-rate control of
+    :func:`decide`; a claim no block can test gets one "not tested" evaluation."""
     claims = claims or load_claims()
     evaluations: list[Evaluation] = []
     for claim in claims.claims:
@@ -352,4 +540,5 @@ def evaluate(results: Results, claims: ClaimSet | None = None) -> list[Evaluatio
             metric = "val_ppl" if claim.metric == PPL else claim.metric
             found.append(Evaluation(claim, "", metric, None, NOT_TESTED, f"no {claim.row.text} in these runs"))
         evaluations += found
+    decide(evaluations, claims.alpha)
     return evaluations

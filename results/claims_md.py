@@ -1,18 +1,22 @@
 """``claims.md``: each claim of the paper, its verdict on these runs, and the numbers behind it.
 
-The header names the test, α, the runs' commit and the generator; a summary table gives one line
-per evaluation (claim x block x claimed row x metric); then each claim with its statement and, for
-every evaluation, the means ± std and n of both rows, the difference with its 95% CI, p and test.
+The header names the test, α, the error-rate control, the runs' commit and the generator; a
+summary table gives one line per evaluation (claim x block x claimed row x metric); then each claim
+with its statement and, for every evaluation, the means ± std and n of both rows, n and df, the
+difference with its 95% CI (and as %), the paper's effect, raw and adjusted p, the minimal
+detectable effect at 80% power and the seeds the paper's effect would need, and the test.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from results.aggregate import Results, Row, decimals_for, is_accuracy
-from results.claims import ClaimSet, Evaluation, Line, evaluate, load_claims
+from results.claims import FRAGILE_N, ClaimSet, Evaluation, Line, evaluate, load_claims
 from results.render import markdown_escape
 from results.stats import METHOD, diff_text, format_p
 
@@ -35,9 +39,60 @@ def _stat(row: Row, metric: str) -> str:
     return stat.text(decimals_for(metric, stat.mean * scale), scale)
 
 
-def _diff(line: Line, metric: str) -> str:
+def _log_scale(evaluation: Evaluation) -> bool:
+    return evaluation.claim.log_scale and evaluation.metric.endswith("ppl")
+
+
+def _diff(line: Line, evaluation: Evaluation) -> str:
+    if _log_scale(evaluation):
+        return diff_text(line.comparison, 4)
+    metric = evaluation.metric
     comparison = line.comparison.scaled(_scale(metric))
     return diff_text(comparison, decimals_for(metric, abs(line.other.stats[metric].mean)))
+
+
+def _percent(value: float | None, evaluation: Evaluation, line: Line) -> str:
+    """A Δ as % of the other row: exp(Δ) - 1 on the log scale, else Δ / |other mean|."""
+    if value is None:
+        return ""
+    if _log_scale(evaluation):
+        return f"{math.expm1(value) * 100:+.1f}%"
+    base = abs(line.other.stats[evaluation.metric].mean)
+    return f"{value / base * 100:+.1f}%" if base > 0 else ""
+
+
+def _paper(evaluation: Evaluation, line: Line) -> str:
+    effect = evaluation.claim.paper_effect
+    return "" if effect is None else _percent(effect, evaluation, line)
+
+
+def _mde(evaluation: Evaluation, line: Line) -> str:
+    if line.mde is None:
+        return ""
+    percent = _percent(line.mde, evaluation, line).lstrip("+")
+    return f"±{percent}" if percent else f"±{line.mde:.3g}"
+
+
+def _n_df(line: Line) -> str:
+    c = line.comparison
+    n = f"{c.n_a}" if c.paired else f"{c.n_a}+{c.n_b}"
+    return f"{n}, {c.df:.1f}" if c.df is not None else n
+
+
+def _numbers(evaluation: Evaluation, line: Line) -> list[str]:
+    """n, df | Δ (95% CI) | Δ % | paper Δ % | MDE | seeds for the paper's Δ."""
+    needed = "" if line.seeds_needed is None else str(line.seeds_needed)
+    return [
+        _n_df(line),
+        _diff(line, evaluation),
+        _percent(line.comparison.diff, evaluation, line),
+        _paper(evaluation, line),
+        _mde(evaluation, line),
+        needed,
+    ]
+
+
+NUMBER_HEADS = "n, df | Δ (95% CI) | Δ % | paper Δ % | MDE (80%) | seeds for paper Δ"
 
 
 def _metric(evaluation: Evaluation) -> str:
@@ -59,7 +114,7 @@ def summary_table(evaluations: Sequence[Evaluation]) -> list[str]:
     """One line per evaluation: claim, block, rows, metric, verdict."""
     lines = ["| claim | block | rows | metric | verdict |", "|---|---|---|---|---|"]
     for e in evaluations:
-        cells = [_code(e.claim.id), markdown_escape(e.block or "—"), _rows_text(e), _metric(e), e.verdict]
+        cells = [_code(e.claim.id), markdown_escape(e.block or "—"), _rows_text(e), _metric(e), e.verdict_text]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -68,21 +123,26 @@ def _reason(evaluation: Evaluation) -> str:
     return evaluation.reason.replace("|", "\\|")  # its row labels are already code spans
 
 
+def _family(e: Evaluation) -> str:
+    return "Holm" if e.family == "primary" else "BH"
+
+
 def _pairwise(evaluations: list[Evaluation]) -> list[str]:
     lines = [
-        "| block | metric | row | mean ± std (n) | vs | mean ± std (n) | Δ (95% CI) | p | test | verdict |",
-        "|---|---|---|---:|---|---:|---:|---:|---|---|",
+        f"| block | metric | row | mean ± std (n) | vs | mean ± std (n) | {NUMBER_HEADS} | p | p adj. | test | verdict |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for e in evaluations:
         row = _code(e.row.label) if e.row else "—"
         row_stat = _stat(e.row, e.metric) if e.row else ""
-        verdict = e.verdict + (f" ({_reason(e)})" if e.reason else "")
+        verdict = e.verdict_text + (f" ({_reason(e)})" if e.reason else "")
         if e.lines:
             x = e.lines[0]
-            numbers = [_code(x.other.label), _stat(x.other, e.metric), _diff(x, e.metric), format_p(x.comparison.p)]
-            numbers.append(x.comparison.test)
+            numbers = [_code(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
+            adjusted = format_p(e.p_adjusted)
+            numbers += [f"{adjusted} ({_family(e)})" if adjusted else "", x.comparison.test]
         else:
-            numbers = ["", "", "", "", ""]
+            numbers = [""] * 11
         lines.append(
             "| " + " | ".join([markdown_escape(e.block or "—"), _metric(e), row, row_stat, *numbers, verdict]) + " |"
         )
@@ -96,19 +156,24 @@ def _best_of(evaluations: list[Evaluation]) -> list[str]:
         if e.row is None:
             lines += [f"* {where}: {e.verdict} ({_reason(e)})", ""]
             continue
+        adjusted = (
+            f"; p = {format_p(e.p)}, adjusted ({_family(e)}) {format_p(e.p_adjusted)}"
+            if e.p_adjusted is not None
+            else ""
+        )
         lines += [
-            f"* {where}, {_code(e.row.label)} {_stat(e.row, e.metric)}: **{e.verdict}**"
-            + (f" ({_reason(e)})" if e.reason else ""),
+            f"* {where}, {_code(e.row.label)} {_stat(e.row, e.metric)}: **{e.verdict_text}**"
+            + (f" ({_reason(e)}{adjusted})" if e.reason or adjusted else ""),
             "",
         ]
         if not e.lines:
             continue
         lines += [
-            "  | vs | mean ± std (n) | Δ (95% CI) | p | p (Holm) | test | this comparison |",
-            "  |---|---:|---:|---:|---:|---|---|",
+            f"  | vs | mean ± std (n) | {NUMBER_HEADS} | p | p (Holm, within the claim) | test | this comparison alone |",
+            "  |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for x in e.lines:
-            cells = [_code(x.other.label), _stat(x.other, e.metric), _diff(x, e.metric), format_p(x.comparison.p)]
+            cells = [_code(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
             cells += [format_p(x.p_holm), x.comparison.test, x.verdict]
             lines.append("  | " + " | ".join(cells) + " |")
         lines.append("")
@@ -127,6 +192,18 @@ def _commits(results: Results) -> str:
     )
 
 
+def _fragile_banner(evaluations: Sequence[Evaluation]) -> list[str]:
+    fragile = [e for e in evaluations if e.fragile]
+    if not fragile:
+        return []
+    return [
+        "",
+        f"> **Fewer than {FRAGILE_N} seeds** in {len(fragile)} of {len(evaluations)} evaluations (marked "
+        "*fragile*): with n = 2 the t-test has one degree of freedom, its CI is very wide and one seed "
+        "decides the sign. Read those verdicts as provisional.",
+    ]
+
+
 def render_claims(
     evaluations: Sequence[Evaluation], claims: ClaimSet, results: Results, name: str, experiments: Sequence[str] = ()
 ) -> str:
@@ -140,19 +217,35 @@ def render_claims(
         f"Generated by `mesh-results` on {stamp} from {where}; {_commits(results)}. Claims from "
         f"{_code(claims.source)}, tests from `results/stats.py`.",
         "",
-        f"* **Test**: {METHOD}. p is two-sided; **α = {alpha}**. Δ is the claimed row minus the other.",
-        f"* **Verdicts**: **holds**: p < {alpha} and the difference goes the paper's way; **agrees, not "
-        f"significant**: it goes the paper's way, p ≥ {alpha}; **disagrees, not significant**: it goes against "
-        f"the paper (or is 0), p ≥ {alpha}; **contradicted**: p < {alpha} against the paper; **not tested**: a "
-        "row is missing, has fewer than two seeds, or there is no spread. Not significant means within "
-        "seed-to-seed noise at this number of seeds.",
+        f"* **Test**: {METHOD}. p is two-sided; **α = {alpha}**. Δ is the claimed row minus the other; "
+        "PPL is compared on the log scale: Δ is the difference of mean log PPL (= of mean val loss, nats) "
+        "and Δ % is exp(Δ) - 1; other metrics: Δ % is Δ over the other row's mean.",
+        "* **Error-rate control** across this report: the primary claims "
+        f"({', '.join(_code(c.id) for c in claims.claims if c.priority == 'primary')}) form one family, "
+        "Holm-adjusted (family-wise error rate α); the secondary claims and every metric shown *also* get "
+        "Benjamini-Hochberg (false discovery rate α). Raw and adjusted p are shown; holds and contradicted "
+        "use the adjusted p.",
+        f"* **Verdicts**: **holds**: adjusted p < {alpha}, the paper's direction; **contradicted**: adjusted "
+        f"p < {alpha}, against it; **equivalent**: the 90% CI of Δ lies inside ±margin (TOST, two one-sided "
+        f"tests at α = {alpha}; margin per claim, by default the paper's effect, or ±1% PPL); **inconclusive**: "
+        "neither; the line says which way the mean leans (*leans the paper's way* / *leans against*), which "
+        "is not evidence; **not tested**: a row is missing, has fewer than two seeds, or there is no spread.",
+        "* **Power**: MDE (80%) is the smallest |Δ| the two-sided t-test at α detects with 80% power at this n "
+        "(noncentral t; paired: SD of the per-seed differences; Welch: the equal-n two-sample approximation "
+        "with the pooled SD); *seeds for paper Δ* is the n per row the paper's effect would need at 80% power "
+        "given the observed SD. An inconclusive line whose MDE is above the paper's effect could not have "
+        "detected it.",
         "* **Best-of claims** (the claimed row against every other row selected): hold only if every pairwise "
-        "comparison holds (an intersection-union test: each comparison must be significant on its own, so "
-        "no correction for multiplicity is needed); contradicted if some other row is significantly better "
-        "after Holm's correction across the comparisons; not tested if a comparison cannot be tested.",
+        "comparison goes the paper's way and the largest p (intersection-union test), adjusted across the "
+        "family, is below α; contradicted if a row with a better mean is significant after Holm's correction "
+        "across the claim's comparisons and the family's; when fewer schemes are present than the claim "
+        "names, *best of the k present*: at most inconclusive for the full claim.",
+        "* **Slightly short** (`within_margin`): holds only if the difference is significant AND its 95% CI "
+        "lies inside the margin; a significant difference beyond the margin is *contradicted (not slight)*.",
         "* Rows are compared only within a block (same preset and compute depth) and with the same other "
         "settings. A claim is evaluated for every block, claimed row and validation set where its rows are "
         "present: one line each.",
+        *_fragile_banner(evaluations),
         "",
         "## Summary",
         "",
@@ -180,12 +273,19 @@ def write_claims(
     name: str,
     experiments: Sequence[str] = (),
     claims: ClaimSet | None = None,
+    curves: Any = None,
 ) -> tuple[Path, list[Evaluation]]:
-    """Evaluate ``claims`` (the packaged file unless given) on ``results`` and write ``claims.md``."""
+    """Evaluate ``claims`` (the packaged file unless given) on ``results`` and write ``claims.md``;
+    with ``curves`` (:func:`results.curves.read_curves`), an "Over training" section after it."""
     claims = claims or load_claims()
     evaluations = evaluate(results, claims)
     path = Path(out_dir) / FILE
-    path.write_text(render_claims(evaluations, claims, results, name, experiments))
+    text = render_claims(evaluations, claims, results, name, experiments)
+    if curves is not None:  # where along training each verdict held
+        from results.curves import over_training_lines
+
+        text += "\n" + "\n".join(over_training_lines(results, curves, evaluations, claims)).rstrip() + "\n"
+    path.write_text(text)
     return path, evaluations
 
 

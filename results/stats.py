@@ -193,9 +193,10 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA, paired: bool =
     if n < 2 or not sd > 0:
         raise ValueError(f"power() needs n >= 2 and sd > 0, got n={n}, sd={sd}")
     df, root = _shape(n, paired)
-    ncp = effect / sd * root
+    ncp = abs(effect) / sd * root  # symmetric: the power of -effect is the same
     critical = float(student_t.ppf(1.0 - alpha / 2.0, df))
-    return float(nct.sf(critical, df, ncp) + nct.cdf(-critical, df, ncp))
+    wrong_tail = float(nct.cdf(-critical, df, ncp))  # far below 1e-9 where scipy returns nan (df 1, ncp > 15)
+    return float(nct.sf(critical, df, ncp)) + (wrong_tail if math.isfinite(wrong_tail) else 0.0)
 
 
 def min_detectable(sd: float, n: int, alpha: float = ALPHA, target: float = POWER, paired: bool = True) -> float:

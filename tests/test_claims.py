@@ -5,27 +5,31 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
 from results.aggregate import Row, aggregate
 from results.claims import (
-    AGREES,
     CONTRADICTED,
-    DISAGREES,
+    EQUIVALENT,
     HOLDS,
+    INCONCLUSIVE,
     NOT_TESTED,
     VERDICTS,
+    Claim,
     ClaimsError,
     Line,
+    Selector,
     best_of_verdict,
     evaluate,
     load_claims,
+    pairwise_verdict,
 )
 from results.claims_md import write_claims
 from results.collect import RUN_COLUMNS, TAG_COLUMNS, add_main_set
-from results.stats import Comparison, compare, format_p
+from results.stats import Comparison, compare, format_p, holm, min_detectable, seeds_needed
 
 COMMIT = "0123456789abcdef0123"
 ACTIVE = "params_active_non_embedding"
@@ -134,22 +138,24 @@ def test_each_verdict_from_runs_built_for_it(written):
     text, _ = written
     verdicts = _verdicts(text)
     ppl = "val/shakespeare/ppl"
+    with_paper, against = f"{INCONCLUSIVE}, leans the paper's way", f"{INCONCLUSIVE}, leans against"
     assert verdicts == {
         ("mesh_below_base", "tiny", ppl): HOLDS,
         ("mesh_below_base", "mini", ppl): HOLDS,
-        ("mesh_below_anchor", "tiny", ppl): AGREES,
+        ("mesh_below_anchor", "tiny", ppl): with_paper,
         ("mesh_below_anchor", "mini", ppl): NOT_TESTED,  # no anchor row in mini
         ("mesh_below_anchor_emb", "tiny", ppl): CONTRADICTED,
         ("mesh_below_anchor_emb", "mini", ppl): NOT_TESTED,
         # anchor* is significantly better than MeSH after Holm's correction over the 3 comparisons
         ("mesh_best_skip_combination", "tiny", ppl): CONTRADICTED,
-        ("mesh_best_skip_combination", "mini", ppl): HOLDS,  # against base, the only other scheme there
-        ("base_worse_than_vanilla", "tiny", ppl): DISAGREES,
+        # against base only: every comparison holds, but 8 of the 9 schemes the claim names are missing
+        ("mesh_best_skip_combination", "mini", ppl): with_paper,
+        ("base_worse_than_vanilla", "tiny", ppl): against,
         ("base_worse_than_vanilla", "mini", ppl): NOT_TESTED,  # no vanilla row in mini
         ("mesh_balances_core_updates", "tiny", "probe/update/core_balance"): HOLDS,
         ("mesh_balances_core_updates", "mini", "probe/update/core_balance"): NOT_TESTED,  # not probed
         ("mesh_lowers_loop_cka", "tiny", "probe/cka_rbf/loop_mean"): HOLDS,
-        ("mesh_lowers_loop_cka", "tiny", "probe/cka_rbf_debiased/loop_mean"): DISAGREES,  # also shown
+        ("mesh_lowers_loop_cka", "tiny", "probe/cka_rbf_debiased/loop_mean"): against,  # also shown
         ("mesh_lowers_loop_cka", "mini", "probe/cka_rbf/loop_mean"): NOT_TESTED,
         ("mesh_flatter_loop_spectra", "tiny", "probe/erank/loop_mean"): NOT_TESTED,  # base: one seed
         ("mesh_flatter_loop_spectra", "mini", "probe/erank/loop_mean"): NOT_TESTED,
@@ -157,29 +163,42 @@ def test_each_verdict_from_runs_built_for_it(written):
         ("buffer_k_plus_3_best", "mini", ppl): HOLDS,  # B=5 below B=3, 4 and 6, each significantly
         # the mixture-of-experts block: the MoE claim there alone, the others where their rows are
         ("mesh_below_base", "tiny-moe", ppl): HOLDS,
-        ("moe_mesh_short_of_vanilla", "tiny-moe", ppl): HOLDS,
+        # MeSH 5.7% above vanilla: significant, but far more than "slightly" (margin 2%)
+        ("moe_mesh_short_of_vanilla", "tiny-moe", ppl): f"{CONTRADICTED} (not slight)",
         ("mesh_below_anchor", "tiny-moe", ppl): NOT_TESTED,
         ("mesh_below_anchor_emb", "tiny-moe", ppl): NOT_TESTED,
-        ("mesh_best_skip_combination", "tiny-moe", ppl): HOLDS,
+        ("mesh_best_skip_combination", "tiny-moe", ppl): with_paper,
         ("base_worse_than_vanilla", "tiny-moe", ppl): HOLDS,
         ("mesh_balances_core_updates", "tiny-moe", "probe/update/core_balance"): NOT_TESTED,
         ("mesh_lowers_loop_cka", "tiny-moe", "probe/cka_rbf/loop_mean"): NOT_TESTED,
         ("mesh_flatter_loop_spectra", "tiny-moe", "probe/erank/loop_mean"): NOT_TESTED,
         ("buffer_k_plus_3_best", "tiny-moe", ppl): NOT_TESTED,
     }
-    assert set(verdicts.values()) == set(VERDICTS)
     assert "(also shown)" in next(r["metric"] for r in _summary(text) if "debiased" in r["metric"])
 
 
 def test_the_numbers_behind_a_verdict(written):
-    text, _ = written
+    text, evaluations = written
     mesh, base = CELLS[("tiny", "mesh", *TINY[1:], "5")]["ppl"], CELLS[("tiny", "base", *TINY[1:], "")]["ppl"]
-    expected = scipy_stats.ttest_rel(mesh, base)
+    # PPL on the log scale: a paired t-test on per-seed log PPL
+    expected = scipy_stats.ttest_rel(np.log(mesh), np.log(base))
     interval = expected.confidence_interval(0.95)
+    diff = float(np.mean(np.log(mesh) - np.log(base)))
     line = next(x for x in _section(text, "mesh_below_base").splitlines() if x.startswith("| tiny"))
     assert "101.0 ± 1.0 (n=3)" in line and "124.0 ± 4.4 (n=3)" in line  # means ± sample std, n
-    assert f"-23.0 [{interval.low:+.1f}, {interval.high:+.1f}]" in line
-    assert f"| {format_p(expected.pvalue)} | paired t (n=3) | holds |" in line
+    assert (
+        f"| 3, 2.0 | {diff:+.4f} [{interval.low:+.4f}, {interval.high:+.4f}] | {math.expm1(diff) * 100:+.1f}% |" in line
+    )
+    assert f"| {math.expm1(-0.036) * 100:+.1f}% |" in line  # the paper's effect beside it
+    # MDE and seeds from the noncentral t on the SD of the per-seed log differences
+    sd = float(np.std(np.log(mesh) - np.log(base), ddof=1))
+    assert f"| ±{math.expm1(min_detectable(sd, 3)) * 100:.1f}% | {seeds_needed(-0.036, sd)} |" in line
+    # raw p, then Holm across the primary family of this report
+    primary = [e for e in evaluations if e.family == "primary" and e.p is not None]
+    assert (
+        f"| {format_p(expected.pvalue)} | {format_p(holm([e.p for e in primary])[0])} (Holm) | paired t (n=3) | holds |"
+        in line
+    )
     # a row with one seed: the difference, no test, and why
     erank = next(x for x in _section(text, "mesh_flatter_loop_spectra").splitlines() if x.startswith("| tiny"))
     assert "(n=1)" in erank and "not tested (n < 2)" in erank
@@ -187,18 +206,37 @@ def test_the_numbers_behind_a_verdict(written):
     assert "not tested (no anchor row of the same layout in this block)" in _section(text, "mesh_below_anchor")
 
 
+def test_families_holm_over_primary_and_bh_over_secondary(written):
+    _, evaluations = written
+    tested = [e for e in evaluations if e.p is not None]
+    primary = [e for e in tested if e.family == "primary"]
+    secondary = [e for e in tested if e.family == "secondary"]
+    assert {e.claim.id for e in primary} == {
+        "mesh_below_base",
+        "mesh_below_anchor",
+        "mesh_below_anchor_emb",
+        "base_worse_than_vanilla",
+    }
+    assert any(e.supplementary for e in secondary)  # `also` metrics are secondary
+    assert [e.p_adjusted for e in primary] == pytest.approx(holm([e.p for e in primary]))
+    fdr = scipy_stats.false_discovery_control([e.p for e in secondary])
+    assert [e.p_adjusted for e in secondary] == pytest.approx(list(fdr))
+
+
 def test_best_of_lists_every_comparison_with_holm(written):
     text, evaluations = written
     section = _section(text, "mesh_best_skip_combination")
-    assert "**contradicted** (significantly better after Holm's correction: `anchor_emb 1+2R2+1`)" in section
+    assert "**contradicted** (significantly better after Holm's correction: `anchor_emb 1+2R2+1`" in section
     tiny = next(e for e in evaluations if e.claim.id == "mesh_best_skip_combination" and e.block.startswith("tiny"))
     assert sorted(x.other.scheme for x in tiny.lines) == ["anchor", "anchor_emb", "base"]
     raw = sorted(x.comparison.p for x in tiny.lines)
     assert sorted(x.p_holm for x in tiny.lines) == pytest.approx(
         [3 * raw[0], max(3 * raw[0], 2 * raw[1]), 1.0 * max(raw[2], 2 * raw[1])]
     )
+    # incomplete: base only of the 9 schemes named
+    assert "best of the 1 present" in section and "cannot hold the full claim" in section
     slots = _section(text, "buffer_k_plus_3_best")
-    assert "**holds** (3 of 3 comparisons significant in the paper's direction)" in slots
+    assert "**holds** (3 of 3 comparisons significant in the paper's direction" in slots
     assert all(f"`mesh 2+4R2+2 B{b}`" in slots for b in (3, 4, 6)) and "`mesh 2+4R2+2 B5` 111.2 ± 1.3 (n=3)" in slots
 
 
@@ -208,8 +246,10 @@ def test_header_names_the_tests_alpha_commit_and_generator(written):
     assert "Generated by `mesh-results`" in header and "experiments `claims`" in header
     assert f"commit `{COMMIT[:12]}`" in header
     assert "α = 0.05" in header and "paired t-test" in header and "Welch's t-test" in header
-    assert "intersection-union test" in header and "Holm" in header
+    assert "intersection-union test" in header and "Holm" in header and "Benjamini-Hochberg" in header
+    assert "TOST" in header and "MDE" in header and "log scale" in header
     assert all(f"**{v}**" in header for v in VERDICTS)
+    assert "Fewer than 3 seeds" not in header  # every row here ran 3 seeds
 
 
 def _row(scheme: str) -> Row:
@@ -222,22 +262,86 @@ def test_best_of_holm_keeps_a_lone_raw_p_below_alpha_from_contradicting():
     worse = compare([1.0, 2.0, 3.0], [1.5, 2.2, 4.0])
     lines = [
         Line(_row("anchor"), better, CONTRADICTED, 0.09),
-        Line(_row("base"), worse, AGREES, 0.6),
-        Line(_row("residual"), worse, AGREES, 0.6),
+        Line(_row("base"), worse, INCONCLUSIVE, 0.6),
+        Line(_row("residual"), worse, INCONCLUSIVE, 0.6),
     ]
     assert best_of_verdict(lines, "lower") == (
-        DISAGREES,
-        "not the best mean, no other row significantly better; 0 of 3 comparisons significant in the paper's direction",
+        INCONCLUSIVE,
+        "leans against",
+        "not the best mean; 0 of 3 comparisons significant in the paper's direction",
     )
     lines[0] = Line(lines[0].other, better, CONTRADICTED, 0.04)
     assert best_of_verdict(lines, "lower")[0] == CONTRADICTED
-    # every other row worse, but not every difference significant: agrees
-    assert best_of_verdict(lines[1:], "lower")[0] == AGREES
+    # every other row worse, but not every difference significant: inconclusive, leaning the paper's way
+    assert best_of_verdict(lines[1:], "lower")[:2] == (INCONCLUSIVE, "leans the paper's way")
+
+
+def _claim(**fields) -> Claim:
+    base = {
+        "id": "c",
+        "statement": "s",
+        "metric": "ppl",
+        "expect": "lower",
+        "kind": "pairwise",
+        "row": Selector(("mesh",)),
+        "against": Selector(("base",)),
+        "priority": "primary",
+    }
+    return Claim(**{**base, **fields})
+
+
+def _log_pairs(a: list[float], b: list[float]) -> Comparison:
+    return compare({str(i): math.log(x) for i, x in enumerate(a)}, {str(i): math.log(x) for i, x in enumerate(b)})
+
+
+def test_tost_equivalent_when_the_90_ci_is_inside_the_margin():
+    # MeSH within 0.1% of base, 6 seeds, small spread: the 90% CI sits inside ±1%
+    base = [100.0, 102.0, 98.0, 101.0, 99.0, 100.5]
+    mesh = [x * (1 + d) for x, d in zip(base, [0.001, -0.001, 0.002, 0.0, -0.002, 0.001], strict=True)]
+    comparison = _log_pairs(mesh, base)
+    low, high = comparison.interval(0.90)
+    claim = _claim(margin=0.01)
+    assert -0.01 < low < high < 0.01 and comparison.p > 0.05
+    assert pairwise_verdict(comparison, claim) == (EQUIVALENT, "", "90% CI inside ±0.01")
+    # the same runs with a margin narrower than the CI: inconclusive
+    assert pairwise_verdict(comparison, _claim(margin=abs(low) / 2))[0] == INCONCLUSIVE
+
+
+def test_inconclusive_when_the_ci_covers_0_and_the_paper_effect():
+    comparison = _log_pairs([100.0, 104.0, 97.0], [101.0, 100.0, 102.0])
+    assert comparison.ci_low < -0.036 and comparison.ci_high > 0
+    verdict = pairwise_verdict(comparison, _claim(paper_effect=-0.036))
+    assert verdict[:2] == (INCONCLUSIVE, "leans the paper's way" if comparison.diff < 0 else "leans against")
+
+
+def test_slightly_short_needs_a_significant_deficit_inside_the_margin():
+    claim = _claim(expect="higher", margin=0.02, within_margin=True)
+    small = Comparison(0.010, 0.005, 0.015, 0.001, "paired t (n=4)", 4, 4, "", 3.0, 0.002, 0.003)
+    assert pairwise_verdict(small, claim)[0] == HOLDS
+    large = Comparison(0.050, 0.040, 0.060, 0.001, "paired t (n=4)", 4, 4, "", 3.0, 0.003, 0.006)
+    assert pairwise_verdict(large, claim) == (CONTRADICTED, "", "not slight: Δ beyond the ±0.02 margin")
+    straddling = Comparison(0.015, 0.005, 0.025, 0.01, "paired t (n=4)", 4, 4, "", 3.0, 0.003, 0.006)
+    assert pairwise_verdict(straddling, claim)[0] == INCONCLUSIVE
+
+
+def test_two_seeds_are_fragile_and_get_a_banner(tmp_path):
+    cells = {key: value for key, value in CELLS.items() if key[0] == "tiny"}
+    frame = runs_frame(cells)
+    frame = frame[frame["seed"] != "2"]
+    path, evaluations = write_claims(aggregate(frame), tmp_path, "two-seeds", ["claims"])
+    text = path.read_text()
+    assert "> **Fewer than 3 seeds**" in text
+    base = next(e for e in evaluations if e.claim.id == "mesh_below_base")
+    assert base.fragile and base.verdict_text.endswith("(n=2, fragile)")
+    assert f"| {base.verdict_text} |" in text
 
 
 def test_the_packaged_claims_file():
     claims = load_claims()
     assert claims.alpha == 0.05
+    primary = [c.id for c in claims.claims if c.priority == "primary"]
+    assert primary == ["mesh_below_base", "mesh_below_anchor", "mesh_below_anchor_emb", "base_worse_than_vanilla"]
+    assert claims.claims[0].paper_effect == pytest.approx(math.log(11.37 / 11.79), abs=5e-4)
     ids = [c.id for c in claims.claims]
     assert ids == [
         "mesh_below_base",
@@ -261,6 +365,7 @@ GOOD = """
 claims:
   - id: one
     statement: MeSH is lower than base.
+    priority: primary
     metric: ppl
     expect: lower
     kind: pairwise
@@ -287,6 +392,9 @@ claims:
         (("claims:", "alpha: 5.0\nclaims:"), "field 'alpha' is 5.0; allowed: a number between 0 and 1"),
         (("claims:", "claim:"), "field 'claim' is [{'id': 'one', "),
         (("row: {scheme: mesh}", "row: [mesh"), "cannot be read"),
+        (("priority: primary", "priority: high"), "field 'priority' is 'high'; allowed: primary, secondary"),
+        (("priority: primary", "priority: primary\n    margin: -1"), "field 'margin' is -1; allowed: a number > 0"),
+        (("priority: primary", "priority: primary\n    within_margin: 2"), "field 'within_margin' is 2; allowed"),
     ],
 )
 def test_claims_file_errors_say_where_and_what_is_allowed(tmp_path, change, message):
