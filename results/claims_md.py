@@ -205,11 +205,18 @@ def _fragile_banner(evaluations: Sequence[Evaluation]) -> list[str]:
 
 
 def render_claims(
-    evaluations: Sequence[Evaluation], claims: ClaimSet, results: Results, name: str, experiments: Sequence[str] = ()
+    evaluations: Sequence[Evaluation],
+    claims: ClaimSet,
+    results: Results,
+    name: str,
+    experiments: Sequence[str] = (),
+    source: str = "",
 ) -> str:
-    """The text of ``claims.md``."""
+    """The text of ``claims.md`` (``source``: the runs.csv it was rebuilt from, if not the store)."""
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     where = f"experiments {', '.join(_code(e) for e in experiments)}" if experiments else "the runs selected"
+    if source:
+        where = f"{_code(source)} (the runs of {where}, read back without the MLflow store)"
     alpha = f"{claims.alpha:g}"
     lines = [
         f"# The paper's claims, tested on these runs: {markdown_escape(name)}",

@@ -4,6 +4,7 @@
     mesh-results schemes,skip_combos --out /tmp/ablations  # several experiments in one report
     mesh-results --filter "tags.preset = 'tiny'"           # any runs, selected by tags
     mesh-results loops --tracking-uri http://host:5000 --metric val/cpython/loss
+    mesh-results --from-csv results/cpu-reproduction/all/runs.csv     # claims.md again, no store
 
 NAME is an MLflow experiment (a sweep's name), or several comma-separated. Writes
 ``report.md``, ``table.{md,tex,csv}``, ``probes.{md,tex,csv}`` (when runs were probed),
@@ -38,8 +39,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--metric", default="val_loss", help="key metric for the summary, deltas and plots (default: val_loss)"
     )
     parser.add_argument("--paper", default=None, help=argparse.SUPPRESS)  # another numbers file (tests)
+    parser.add_argument(
+        "--from-csv",
+        default=None,
+        metavar="RUNS_CSV",
+        help="rebuild claims.md from a report's committed runs.csv, without the MLflow store (into --out, "
+        "default the CSV's folder)",
+    )
     args = parser.parse_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
     experiments = [n.strip() for n in args.name.split(",") if n.strip()]
+    if args.from_csv:
+        return _from_csv(args.from_csv, args.out, args.metric, experiments)
     if not experiments and not args.filter:
         parser.error("give an experiment NAME (e.g. schemes) or --filter")
     label = "-".join(experiments) or "filtered"
@@ -78,6 +88,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     for name, experiment_id in output.experiment_ids.items():
         print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id, output.view)}")
+    return 0
+
+
+def _from_csv(csv: str, out: str | None, metric: str, experiments: Sequence[str]) -> int:
+    from results.collect import ResultsError
+    from results.from_csv import rebuild_claims
+
+    try:
+        path, evaluations, _ = rebuild_claims(csv, Path(out) if out else Path(csv).parent, metric, "", experiments)
+    except ResultsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"[mesh-results] {len(evaluations)} claim evaluations from {csv} -> {path}")
     return 0
 
 

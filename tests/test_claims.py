@@ -421,3 +421,43 @@ def test_claims_are_evaluated_for_any_experiment_set():
     assert {e.claim.id for e in evaluations} == {c.id for c in load_claims().claims}
     assert {e.verdict for e in evaluations} == {NOT_TESTED}
     assert any(e.reason == "no mesh row with B = K + 3 in these runs" for e in evaluations)
+
+
+def test_claims_rebuilt_from_runs_csv_match_the_store_frame(tmp_path):
+    from results.from_csv import read_runs_csv, rebuild_claims
+
+    frame = runs_frame()
+    results = aggregate(frame)
+    csv = tmp_path / "runs.csv"
+    results.runs.drop(columns=["params"]).to_csv(csv, index=False)  # what a report commits
+    back = read_runs_csv(csv)
+    assert set(frame.columns) <= set(back.columns) and len(back) == len(frame)
+    assert (
+        back["seed"].tolist() == frame["seed"].tolist()
+        and back["buffer_slots"].tolist() == frame["buffer_slots"].tolist()
+    )
+    again = aggregate(back)
+    assert [r.label for r in again.rows] == [r.label for r in results.rows]
+    for ours, theirs in zip(results.rows, again.rows, strict=True):
+        assert ours.stats["val/shakespeare/ppl"] == theirs.stats["val/shakespeare/ppl"]
+    (tmp_path / "claims.md").write_text(
+        "# The paper's claims, tested on these runs: my\\_grid\n\nfrom experiments `claims`;"
+    )
+    path, evaluations, _ = rebuild_claims(csv, tmp_path)
+    direct = evaluate(results)
+    assert [(e.claim.id, e.block, e.metric, e.verdict_text) for e in evaluations] == [
+        (e.claim.id, e.block, e.metric, e.verdict_text) for e in direct
+    ]
+    text = path.read_text()
+    assert text.startswith("# The paper's claims, tested on these runs: my\\_grid\n")
+    assert "from `runs.csv` (the runs of experiments `claims`, read back without the MLflow store)" in text
+
+
+def test_a_runs_csv_with_overrides_is_refused_in_one_line(tmp_path):
+    from results.collect import ResultsError
+    from results.from_csv import read_runs_csv
+
+    frame = runs_frame().drop(columns=["params"]).assign(overrides="optim.lr=0.001")
+    frame.to_csv(tmp_path / "runs.csv", index=False)
+    with pytest.raises(ResultsError, match=r"runs.csv: rows differ by param overrides \('optim.lr=0.001'\)"):
+        read_runs_csv(tmp_path / "runs.csv")

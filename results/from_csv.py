@@ -1,0 +1,95 @@
+"""Rebuild ``claims.md`` from a committed ``runs.csv`` when the MLflow store is not at hand.
+
+``runs.csv`` (written by every report) holds each run's tags and final metrics but not its params;
+:func:`read_runs_csv` reads it back into the frame :func:`results.collect.collect_runs` gives
+(tags as strings, times as timestamps, metrics as floats, ``params`` an empty dict per run), so
+:func:`results.aggregate.aggregate` groups it as it would the store's runs. Rows that differed only
+by a param override (not a tag) cannot be told apart without the params, so a runs.csv whose
+``overrides`` column is set is refused (one line) rather than grouped wrongly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from results.aggregate import Results, aggregate
+from results.claims import Evaluation
+from results.claims_md import FILE, write_claims
+from results.collect import RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
+from results.paper import load_paper_numbers
+
+TEXT_COLUMNS = ("run_id", "run_name", "experiment", "status", *TAG_COLUMNS)
+DERIVED = ("main_set", "val_ppl", "row", "duplicate_of")  # aggregate() and add_main_set() recompute them
+
+
+def read_runs_csv(path: str | Path) -> pd.DataFrame:
+    """The frame of ``collect_runs`` from a report's ``runs.csv``."""
+    path = Path(path)
+    try:
+        frame = pd.read_csv(path, dtype={c: str for c in (*TEXT_COLUMNS, "overrides")}, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ResultsError(f"--from-csv {path}: cannot be read: {str(error).splitlines()[0]}") from None
+    missing = [c for c in RUN_COLUMNS if c != "params" and c not in frame]
+    if missing:
+        raise ResultsError(f"--from-csv {path}: no column {missing[0]!r}; give a runs.csv written by mesh-results")
+    for column in frame.columns:
+        if column in ("start_time", "end_time"):
+            frame[column] = pd.to_datetime(frame[column].replace("", None), errors="coerce")
+        elif column not in (*TEXT_COLUMNS, "overrides"):
+            frame[column] = pd.to_numeric(frame[column].replace("", None), errors="coerce")
+    frame["buffer_slots"] = [_integer_text(v) for v in frame["buffer_slots"]]
+    frame["seed"] = [_integer_text(v) for v in frame["seed"]]
+    overrides = sorted({o for o in frame.pop("overrides") if o}) if "overrides" in frame else []
+    if overrides:
+        raise ResultsError(
+            f"--from-csv {path}: rows differ by param overrides ({overrides[0]!r}), which runs.csv does not "
+            "keep; rebuild from the MLflow store (mesh-results NAME)"
+        )
+    frame = frame.drop(columns=[c for c in DERIVED if c in frame]).copy()
+    frame["params"] = [{} for _ in range(len(frame))]
+    return add_main_set(frame)
+
+
+def _integer_text(value: str) -> str:
+    """``5.0`` -> ``5`` (a column pandas once wrote as floats); other text unchanged."""
+    return value[:-2] if re.fullmatch(r"-?\d+\.0", value) else value
+
+
+def _previous_header(out: Path) -> tuple[str, list[str]]:
+    """(name, experiments) from the title and header of the claims.md already in ``out``."""
+    path = out / FILE
+    if not path.exists():
+        return out.name, []
+    text = path.read_text()
+    title = re.search(r"^# The paper's claims, tested on these runs: (.+)$", text, re.M)
+    listed = re.search(r" from experiments ((?:`[^`]+`(?:, )?)+)", text)
+    name = title.group(1).replace("\\_", "_").strip() if title else out.name
+    return name, re.findall(r"`([^`]+)`", listed.group(1)) if listed else []
+
+
+def rebuild_claims(
+    csv: str | Path, out_dir: str | Path, metric: str = "val_loss", name: str = "", experiments: Sequence[str] = ()
+) -> tuple[Path, list[Evaluation], Results]:
+    """Read ``csv``, aggregate as ``mesh-results`` does, and (re)write ``claims.md`` in ``out_dir``
+    (its name and experiments kept from the claims.md there, unless given)."""
+    out = Path(out_dir)
+    frame = read_runs_csv(csv)
+    if not (frame["status"] == "FINISHED").any():
+        raise ResultsError(f"--from-csv {csv}: no FINISHED run; a report needs one")
+    previous_name, previous_experiments = _previous_header(out)
+    experiments = list(experiments) or previous_experiments or sorted(frame["experiment"].unique())
+    prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
+    try:
+        results = aggregate(frame, metric, load_paper_numbers(None), prefer)
+    except ValueError as error:
+        raise ResultsError(str(error)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    path, evaluations = write_claims(results, out, name or previous_name, experiments, source=Path(csv).name)
+    return path, evaluations, results
+
+
+__all__ = ["read_runs_csv", "rebuild_claims"]
