@@ -281,13 +281,14 @@ def write_claims(
     experiments: Sequence[str] = (),
     claims: ClaimSet | None = None,
     curves: Any = None,
+    source: str = "",
 ) -> tuple[Path, list[Evaluation]]:
     """Evaluate ``claims`` (the packaged file unless given) on ``results`` and write ``claims.md``;
     with ``curves`` (:func:`results.curves.read_curves`), an "Over training" section after it."""
     claims = claims or load_claims()
     evaluations = evaluate(results, claims)
     path = Path(out_dir) / FILE
-    text = render_claims(evaluations, claims, results, name, experiments)
+    text = render_claims(evaluations, claims, results, name, experiments, source)
     if curves is not None:  # where along training each verdict held
         from results.curves import over_training_lines
 
