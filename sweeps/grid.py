@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -90,6 +91,62 @@ def parse_seeds(value: str) -> list[int]:
     if _is_int(text) and int(text) >= 1:
         return list(range(int(text)))
     raise ConfigError("seeds", value, SEEDS_ALLOWED)
+
+
+@dataclass(frozen=True)
+class AutoSeeds:
+    """``seeds=auto``: seeds added ``stage`` at a time up to ``max`` per arm, while a primary claim
+    is undecided at family-wise ``alpha`` (results/sequential.py); stops early past a budget."""
+
+    stage: int = 3
+    max: int = 12
+    alpha: float = 0.05
+    spending: str = "obrien_fleming"
+    budget_cpu_h: float | None = None
+    budget_gpu_h: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.stage < 2:
+            raise ConfigError("seeds.stage", self.stage, "an integer >= 2 (a paired t-test needs two seeds per arm)")
+        if self.max < self.stage:
+            raise ConfigError("seeds.max", self.max, f"an integer >= seeds.stage={self.stage}")
+        if not 0 < self.alpha < 1:
+            raise ConfigError("seeds.alpha", self.alpha, "a number strictly between 0 and 1, e.g. 0.05")
+        for name in ("budget_cpu_h", "budget_gpu_h"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"seeds.{name}", value, "a number of hours > 0")
+
+
+AUTO_KEYS = {"stage": int, "max": int, "alpha": float, "spending": str, "budget_cpu_h": float, "budget_gpu_h": float}
+
+
+def split_auto_seeds(arguments: Sequence[str]) -> tuple[AutoSeeds | None, list[str]]:
+    """(the ``seeds=auto`` settings or None, the arguments without ``seeds=auto`` and ``seeds.*``)."""
+    auto = any(a == "seeds=auto" for a in arguments)
+    given = {}
+    rest = []
+    for argument in arguments:
+        key, _, value = argument.partition("=")
+        if argument == "seeds=auto":
+            continue
+        if not key.startswith("seeds."):
+            rest.append(argument)
+            continue
+        name = key.removeprefix("seeds.")
+        if name not in AUTO_KEYS:
+            known = ", ".join(f"seeds.{k}" for k in AUTO_KEYS)
+            raise ConfigError(key, value, f"{did_you_mean(name, list(AUTO_KEYS))}one of {known}")
+        try:
+            given[name] = AUTO_KEYS[name](value)
+        except ValueError:
+            raise ConfigError(key, value, f"a {AUTO_KEYS[name].__name__}") from None
+    if given and not auto:
+        name = next(iter(given))
+        raise ConfigError(f"seeds.{name}", given[name], "needs seeds=auto beside it (add seeds=auto, or drop it)")
+    if auto and any(a.startswith("seeds=") for a in rest):
+        raise ConfigError("seeds", "auto and a number", "one seeds= (seeds=auto adds seeds in stages itself)")
+    return (AutoSeeds(**given) if auto else None), rest
 
 
 def _is_int(text: str) -> bool:

@@ -81,10 +81,15 @@ def run_sweep(
     out: TextIO = sys.stdout,
     command: str | None = None,
     detach: bool = False,
+    only: Callable[[Cell], bool] | None = None,
 ) -> int:
     """Run the grid ``name``; 0 when every cell finished, 1 when one failed or was stopped, 130 on
     Ctrl-C. ``detach``: submit the cells to the batch scheduler and return 0 at once.
-    ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``)."""
+    ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``).
+    ``only``: the cells to run (a sub-grid, with its own key and parent run: a stage of ``seeds=auto``).
+    ``seeds=auto`` goes to the stage driver of the results layer (:func:`results_driver`)."""
+    if "seeds=auto" in arguments:
+        return results_driver("seeds_auto")(name, arguments, dry_run=dry_run, out=out, command=command)
     launch, cell_overrides, base = read_request(name, arguments)
     command = command or shlex.join(["mesh-sweep", name, *arguments])
     if detach and (base.search.n_trials > 0 or not launch.launcher.detaches):
@@ -93,6 +98,9 @@ def run_sweep(
     if base.search.n_trials > 0:
         return run_search_sweep(name, base, cell_overrides, launch, dry_run, out, command)
     cells, plans = grid_cells(name, cell_overrides, launch)  # every cell checked before compute
+    if only is not None:
+        kept = [(c, p) for c, p in zip(cells, plans, strict=True) if only(c)]
+        cells, plans = [Cell(i, c.overrides, c.label) for i, (c, _) in enumerate(kept)], [p for _, p in kept]
     if dry_run:
         print_dry_run(name, cells, plans, out)
         return 0
@@ -155,6 +163,23 @@ def run_sweep(
         table = summary_table(name, ordered)
         finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
         return exit_code(ordered, interrupted)
+
+
+DRIVERS = "mesh.sweep"  # entry points: what the results layer adds to mesh-sweep (pyproject.toml)
+
+
+def results_driver(name: str) -> Callable[..., int]:
+    """A mode of ``mesh-sweep`` that reads runs back (``seeds=auto``, ``--plan``): it lives in the
+    results layer, which sweeps cannot import, and is found as the entry point ``name`` of
+    :data:`DRIVERS`."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=DRIVERS, name=name))
+    if not found:
+        raise SweepError(
+            f"{name} needs the entry point {DRIVERS}:{name} of this package: reinstall it (pip install -e .)"
+        )
+    return found[0].load()
 
 
 def print_dry_run(name: str, cells: Sequence[Cell], plans: Sequence[RunPlan], out: TextIO) -> None:
@@ -404,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", help="the grid: " + ", ".join(sweep_names()))
     parser.add_argument("overrides", nargs="*", help="key=value overrides (launcher=, resources=, seeds=, any run key)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs (count and overrides), start nothing")
+    parser.add_argument(
+        "--plan", action="store_true", help="seeds and CPU-hours each primary claim needs at 80%% power; trains nothing"
+    )
     parser.add_argument("--list", action="store_true", help="list the sweeps")
     parser.add_argument(
         "--detach", action="store_true", help="launcher=slurm: submit the cells' jobs and return (see --status)"
@@ -421,12 +449,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in sweep_names():
             print(f"{name:20s} {sweep_description(name)}")
         return 0
-    modes = [flag for flag in ("dry_run", "detach", "status", "cancel") if getattr(args, flag)]
+    modes = [flag for flag in ("dry_run", "detach", "status", "cancel", "plan") if getattr(args, flag)]
     if len(modes) > 1:
         print(f"error: {' and '.join('--' + m.replace('_', '-') for m in modes)} do not go together", file=sys.stderr)
         return 2
     quiet_libraries()  # the cells inherit the level through the environment
     try:
+        if args.plan:
+            return results_driver("plan")(args.name, args.overrides, out=sys.stdout)
         if args.status or args.cancel:
             from sweeps.status import cancel_grid, grid_status
 

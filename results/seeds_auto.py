@@ -1,0 +1,352 @@
+"""``mesh-sweep GRID seeds=auto``: seeds in stages until the grid's primary claims are decided, and
+``mesh-sweep GRID --plan``: the seeds and CPU-hours the paper's effects would need.
+
+It runs a grid (sweeps) and reads it back (results), so it lives in the top layer; ``mesh-sweep``
+finds it through the ``mesh.sweep`` entry points (sweeps.sweep.results_driver).
+
+A stage is the normal grid machinery (:func:`sweeps.sweep.run_sweep`) on the arms that still need
+seeds, at the stage's seeds: finished runs are skipped, so the same command resumes. After each
+stage the finished runs are read back (results.collect, results.aggregate), the primary claims
+evaluated (results.claims, paired by seed) and each one decided by the group-sequential design of
+results/sequential.py at its look. Decisions depend only on the runs, look by look, so a resumed
+command reaches the same ones. Each stage is recorded on the parent run of stage 1 (the whole grid
+at seeds 0..stage-1): a ``seeds_auto.stage<k>`` tag and ``stages.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import pandas as pd
+
+from experiments.plan import RunPlan, with_seed
+from mesh_model import ConfigError
+from results import collect
+from results.aggregate import aggregate
+from results.claims import ClaimSet, Evaluation, canonical_scheme, evaluate, load_claims
+from results.sequential import CONTINUE, PRIOR_SD, REJECT, Design
+from results.stats import seeds_needed
+from sweeps.cells import Cell
+from sweeps.grid import AutoSeeds, grid_cells, grid_key, read_request, split_auto_seeds, sweep_dir_for
+from sweeps.parent import ParentRun
+from sweeps.sweep import run_sweep
+
+Arm = tuple[str, ...]  # a cell's overrides without its seed
+
+
+@dataclass
+class Verdict:
+    """One primary evaluation at one look."""
+
+    claim: str
+    rows: str
+    n: int
+    mean: float
+    statistic: float | None
+    bound: float
+    decision: str  # reject | continue | futile | inconclusive
+    verdict: str  # holds | contradicted | continue | futile | inconclusive
+    arms: list[Arm] = field(default_factory=list)
+
+
+def arm_of(cell: Cell) -> Arm:
+    return tuple(o for o in cell.overrides if not o.startswith("seed="))
+
+
+def grid_arms(name: str, rest: Sequence[str]) -> tuple[list[Cell], list[RunPlan], object]:
+    """The arms (cells at seed 0) and their plans; every cell checked before compute."""
+    launch, cell_overrides, _ = read_request(name, [*rest, "seeds=[0]"])
+    cells, plans = grid_cells(name, cell_overrides, launch)
+    return cells, plans, launch
+
+
+def primary_claims(claims: ClaimSet, plans: Sequence[RunPlan]) -> list[str]:
+    """The primary pairwise claims whose two schemes are both among the grid's arms."""
+    schemes = {canonical_scheme(str(p.config["scheme"])) for p in plans}
+    found = []
+    for claim in claims.claims:
+        if claim.priority != "primary" or claim.kind != "pairwise":
+            continue
+        against = set(claim.against.schemes) if claim.against.schemes != ("same",) else set(claim.row.schemes)
+        if set(claim.row.schemes) & schemes and against & schemes:
+            found.append(claim.id)
+    return found
+
+
+def read_stage(plans_by_hash: dict[str, tuple[Arm, int]], tracking_uri: str, experiment: str, claims: ClaimSet):
+    """The primary evaluations of the finished runs of this grid, and the frame of those runs."""
+    frame = finished_runs(tracking_uri, experiment)
+    frame = frame[frame["config_hash"].isin(list(plans_by_hash)) & (frame["status"] == "FINISHED")]
+    if frame.empty:
+        return [], frame
+    results = aggregate(frame)
+    evaluations = [
+        e
+        for e in evaluate(results, claims)
+        if e.family == "primary" and e.claim.kind == "pairwise" and e.lines and e.row is not None
+    ]
+    return evaluations, frame
+
+
+def finished_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
+    """The experiment's runs; none when the store or the experiment does not exist yet (nothing is created)."""
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
+        return pd.DataFrame(columns=["run_id", "config_hash", "status"])
+    try:
+        return collect.collect_runs(collect.open_client(tracking_uri), [experiment])
+    except collect.ResultsError:
+        return pd.DataFrame(columns=["run_id", "config_hash", "status"])
+
+
+def paired_diffs(evaluation: Evaluation) -> list[tuple[int, float]]:
+    """(seed, claimed - other) for each seed both rows ran; PPL on the log scale."""
+    other = evaluation.lines[0].other
+    ours, theirs = evaluation.row.stats.get(evaluation.metric), other.stats.get(evaluation.metric)
+    if ours is None or theirs is None:
+        return []
+    a, b = dict(zip(ours.seeds, ours.values, strict=True)), dict(zip(theirs.seeds, theirs.values, strict=True))
+    log = evaluation.claim.log_scale
+    pairs = []
+    for seed in sorted(set(a) & set(b), key=int):
+        x, y = (math.log(a[seed]), math.log(b[seed])) if log else (a[seed], b[seed])
+        pairs.append((int(seed), x - y))
+    return pairs
+
+
+def verdict_at(design: Design, evaluation: Evaluation, arms: list[Arm]) -> Verdict:
+    """The first decision other than ``continue`` over the looks the runs reach (or the last one)."""
+    pairs = paired_diffs(evaluation)
+    label = f"{evaluation.row.label} vs {evaluation.lines[0].other.label} ({evaluation.metric})"
+    effect = evaluation.claim.paper_effect
+    result = Verdict(evaluation.claim.id, label, len(pairs), math.nan, None, math.inf, CONTINUE, CONTINUE, arms)
+    for k, size in enumerate(design.looks):
+        if len(pairs) < size:
+            break
+        diffs = [d for _, d in pairs[:size]]
+        mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+        decision = design.decide(diffs, effect)
+        statistic = mean / (sd / math.sqrt(size)) if sd > 0 else None
+        result = Verdict(evaluation.claim.id, label, size, mean, statistic, design.boundaries[k], decision, "", arms)
+        if decision != CONTINUE:
+            break
+    result.verdict = _verdict(result, evaluation.claim.expect)
+    return result
+
+
+def _verdict(result: Verdict, expect: str) -> str:
+    if result.decision != REJECT:
+        return result.decision
+    return "holds" if (result.mean < 0) == (expect == "lower") else "contradicted"
+
+
+def verdict_table(verdicts: Sequence[Verdict]) -> str:
+    lines = [f"{'claim':26s} {'n':>3s} {'mean Δ':>9s} {'t':>7s} {'bound':>7s}  verdict  (rows)"]
+    for v in verdicts:
+        t = f"{v.statistic:+.2f}" if v.statistic is not None else "—"
+        lines.append(f"{v.claim:26s} {v.n:3d} {v.mean:+9.4f} {t:>7s} {v.bound:7.2f}  {v.verdict}  ({v.rows})")
+    return "\n".join(lines)
+
+
+def run_seconds(plans_by_hash: dict[str, tuple[Arm, int]], plans: Sequence[RunPlan]) -> dict[Arm, float]:
+    """Each arm's mean measured wall time (``timing.total_s`` of its finished runs' result.json)."""
+    times: dict[Arm, list[float]] = {}
+    for plan in plans:
+        if plan.result_file.exists():
+            total = (json.loads(plan.result_file.read_text()).get("timing") or {}).get("total_s")
+            if total:
+                times.setdefault(plans_by_hash[plan.config_hash][0], []).append(float(total))
+    return {arm: statistics.fmean(values) for arm, values in times.items()}
+
+
+def run_auto(
+    name: str, arguments: Sequence[str], dry_run: bool = False, out: TextIO = sys.stdout, command: str | None = None
+) -> int:
+    """Stages of ``auto.stage`` seeds per needed arm until every primary claim is decided, the cap
+    or the budget; the exit code of the last stage that failed, else 0."""
+    auto, rest = split_auto_seeds(arguments)
+    assert auto is not None
+    arms_cells, arm_plans, launch = grid_arms(name, rest)
+    claims = load_claims()
+    primary = primary_claims(claims, arm_plans)
+    if not primary:
+        raise ConfigError("seeds=auto", name, "a grid whose arms test a primary claim of results/paper_claims.yaml")
+    design = Design(auto.stage, auto.max, auto.alpha, len(primary), auto.spending)  # m fixed up front
+    arms = [arm_of(c) for c in arms_cells]
+    hashes = {
+        with_seed(p, s).config_hash: (arm, s) for arm, p in zip(arms, arm_plans, strict=True) for s in range(auto.max)
+    }
+    print(f"{name} seeds=auto: {len(arms)} arms, primary claims {', '.join(primary)}; {_design_text(design)}", file=out)
+    if dry_run:
+        return run_sweep(name, [*rest, f"seeds={auto.stage}"], dry_run=True, out=out)
+    needed, stages, spent_h, status = set(arms), [], 0.0, 0
+    for k, size in enumerate(design.looks):
+        seeds = list(range(design.looks[k - 1] if k else 0, size))
+        print(f"\nstage {k + 1}: seeds {seeds[0]}..{seeds[-1]} on {len(needed)} arm(s)", file=out)
+        chosen = set(needed)
+        code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command,
+                         only=lambda cell, chosen=chosen: arm_of(cell) in chosen)  # fmt: skip
+        status = status or code
+        evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+        arm_by_run = _arms_by_run(evaluations, hashes, arm_plans[0])
+        verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]
+        print(f"\n{verdict_table(verdicts)}", file=out)
+        stage_plans = [with_seed(p, s) for arm, p in zip(arms, arm_plans, strict=True) for s in seeds if arm in chosen]
+        seconds = run_seconds(hashes, stage_plans)
+        spent_h += _hours(sum(seconds.get(a, 0.0) for a in chosen) * len(seeds), launch)
+        needed = {a for v in verdicts if v.decision == CONTINUE for a in v.arms}
+        record = {"stage": k + 1, "seeds": seeds, "arms": len(chosen), "verdicts": [asdict(v) for v in verdicts],
+                  "spent_h": spent_h}  # fmt: skip
+        stages.append(record)
+        stop = _stop_reason(needed, k, design, auto, seconds, spent_h, launch, out)
+        _record(name, rest, auto, arm_plans, stages, stop)
+        if stop:
+            print(f"seeds=auto stops: {stop}", file=out)
+            return status
+    return status
+
+
+def _arms_by_run(evaluations: Sequence[Evaluation], hashes: dict[str, tuple[Arm, int]], plan: RunPlan):
+    frame = finished_runs(plan.tracking_uri, plan.experiment)
+    by_run = {r: hashes.get(h, ((), 0))[0] for r, h in zip(frame["run_id"], frame["config_hash"], strict=True)}
+
+    def arms(evaluation: Evaluation) -> list[Arm]:
+        rows = [evaluation.row, evaluation.lines[0].other]
+        return sorted({by_run[r] for row in rows for r in row.run_ids if by_run.get(r)})
+
+    return arms
+
+
+def duration_text(seconds: float) -> str:
+    return (
+        f"{seconds / 3600:.1f} h"
+        if seconds >= 3600
+        else f"{seconds / 60:.1f} min"
+        if seconds >= 60
+        else f"{seconds:.0f} s"
+    )
+
+
+def _hours(seconds: float, launch) -> float:
+    return seconds * launch.resources.cpus_per_task * launch.resources.tasks * launch.resources.nodes / 3600.0
+
+
+def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, out) -> str:
+    if not needed:
+        return "every primary claim is decided"
+    if k == len(design.looks) - 1:
+        return f"the cap seeds.max={auto.max}: the undecided claims are inconclusive"
+    adding = design.looks[k + 1] - design.looks[k]
+    wall = sum(seconds.get(a, statistics.fmean(seconds.values()) if seconds else 0.0) for a in needed) * adding
+    cost = _hours(wall, launch)
+    gpus = launch.resources.gpus_per_node * launch.resources.nodes
+    eta = duration_text(wall / max(1, launch.launcher.concurrency))
+    print(
+        f"next: seeds {design.looks[k]}..{design.looks[k + 1] - 1} on {len(needed)} arm(s); "
+        f"projected {cost:.3g} CPU-h{f', {wall * gpus / 3600:.3f} GPU-h' if gpus else ''}, ETA {eta} "
+        f"(measured run times of this stage)",
+        file=out,
+    )
+    if auto.budget_cpu_h is not None and spent_h + cost > auto.budget_cpu_h:
+        return f"seeds.budget_cpu_h={auto.budget_cpu_h}: {spent_h:.3f} spent, the next stage needs {cost:.3f}"
+    if (
+        auto.budget_gpu_h is not None
+        and gpus
+        and (spent_h + cost) / launch.resources.cpus_per_task * gpus > auto.budget_gpu_h
+    ):
+        return f"seeds.budget_gpu_h={auto.budget_gpu_h}: the next stage would pass it"
+    return ""
+
+
+def _record(name: str, rest: Sequence[str], auto: AutoSeeds, plans: Sequence[RunPlan], stages, stop: str) -> None:
+    """The stages on the parent run of stage 1 (the whole grid at seeds 0..stage-1)."""
+    launch, cell_overrides, _ = read_request(name, [*rest, f"seeds={auto.stage}"])
+    _, first = grid_cells(name, cell_overrides, launch)
+    found = ParentRun.find(plans[0].tracking_uri, sweep_dir_for(first[0], grid_key(name, first)))
+    if found is None:
+        return
+    parent, _ = found
+    document = {"design": asdict(auto), "stages": stages, "stopped": stop}
+    parent.client.log_dict(parent.run_id, document, "stages.json")
+    last = stages[-1]
+    summary = ", ".join(f"{v['claim']} {v['verdict']}" for v in last["verdicts"])
+    parent.set_tags(
+        {
+            f"seeds_auto.stage{last['stage']}": f"seeds {last['seeds']}: {summary}",
+            "seeds_auto.stopped": stop or "running",
+        }
+    )
+
+
+def _design_text(design: Design) -> str:
+    bounds = ", ".join(f"n={n}: |t|>{b:.2f}" for n, b in zip(design.looks, design.boundaries, strict=True))
+    return (
+        f"group-sequential paired t, alpha={design.alpha} Bonferroni over {design.claims} ({design.share:.4f} each), "
+        f"{design.spending.replace('_', '-')} spending (Lan-DeMets), bounds {bounds}"
+    )
+
+
+def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **_: object) -> int:
+    """For each primary claim the grid can evaluate: seeds for the paper's effect at 80% power (SD of
+    per-seed differences from finished runs of these cells, else PRIOR_SD), and their cost."""
+    auto, rest = split_auto_seeds(arguments)
+    rest = [a for a in rest if not a.startswith("seeds=")]
+    arms_cells, arm_plans, launch = grid_arms(name, rest)
+    claims = load_claims()
+    primary = primary_claims(claims, arm_plans)
+    alpha = (auto.alpha if auto else claims.alpha) / max(1, len(primary))
+    arms = [arm_of(c) for c in arms_cells]
+    hashes = {
+        with_seed(p, s).config_hash: (arm, s) for arm, p in zip(arms, arm_plans, strict=True) for s in range(PLAN_SEEDS)
+    }
+    evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+    measured = {e.claim.id: paired_diffs(e) for e in evaluations}
+    seconds = run_seconds(hashes, [with_seed(p, s) for p in arm_plans for s in range(PLAN_SEEDS)])
+    per_run = statistics.fmean(seconds.values()) if seconds else None
+    print(
+        f"{name} --plan: {len(arms)} arms, alpha {alpha:.4f} per primary claim (Bonferroni over {len(primary)})",
+        file=out,
+    )
+    for claim in (c for c in claims.claims if c.id in primary):
+        diffs = [d for _, d in measured.get(claim.id, [])]
+        sd, source = (
+            (statistics.stdev(diffs), f"SD {statistics.stdev(diffs):.4f} from {len(diffs)} finished seeds")
+            if len(diffs) >= 2
+            else (PRIOR_SD, f"prior SD {PRIOR_SD}")
+        )
+        n = seeds_needed(claim.paper_effect, sd, alpha) if claim.paper_effect else None
+        line = f"  {claim.id:26s} effect {claim.paper_effect:+.3f}, {source}: "
+        if n is None:
+            print(line + "no seed count reaches 80% power", file=out)
+            continue
+        wall = (per_run if per_run is not None else _flop_seconds(arm_plans[0], launch.resources.cpus_per_task)) * n * 2
+        cost = _hours(wall, launch)
+        eta = duration_text(wall / max(1, launch.launcher.concurrency))
+        how = "measured run times" if per_run is not None else "FLOP model"
+        print(
+            line
+            + f"{n} seeds per arm at 80% power; 2 arms {cost:.3g} CPU-h, ETA {eta} on launcher={launch.launcher.name} ({how})",
+            file=out,
+        )
+    return 0
+
+
+PLAN_SEEDS = 16  # --plan reads the finished runs of seeds 0..15
+CPU_FLOPS = 2e10  # sustained matmul FLOP/s per core, for a plan without measured runs (a stated guess)
+
+
+def _flop_seconds(plan: RunPlan, cores: int) -> float:
+    """One run's wall time from the FLOP model: training FLOPs per token x tokens / the cores' rate."""
+    import torch
+
+    from mesh_model import MeshTransformer, flops_per_token
+
+    with torch.device("meta"):
+        model = MeshTransformer(plan.model_config)
+    return flops_per_token(model) * plan.budget.total_tokens / (CPU_FLOPS * cores)
