@@ -3,6 +3,8 @@
 * PPL against % non-embedding parameters of vanilla, one point per row named in a legend, a panel per preset;
 * the B ablation (PPL against MeSH's buffer slots, error bars over seeds) when B varies;
 * training-loss curves per row (mean over seeds, ± std band), a panel per block;
+* validation PPL over tokens per block (mean ± 95% t band over seeds), and each primary claim's Δ in
+  validation loss over tokens with its 95% CI (:mod:`results.curves` computes both);
 * the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`), and, where
   rows are mixtures of experts, their routing per router call, mean ± std over seeds
   (:func:`mesh_model.probe_plots.routing_comparison_figure`).
@@ -181,6 +183,100 @@ def plot_train_loss(
     return [] if fig is None else _save(fig, out_dir, stem)
 
 
+def _x_axis(frame: pd.DataFrame) -> tuple[str, str]:
+    """(column, label) of the x axis: tokens seen when every point has them, else the step."""
+    if len(frame) and frame["tokens"].notna().all():
+        return "tokens", "tokens seen"
+    return "step", "step"
+
+
+def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str) -> Any | None:
+    """One panel per validation set of ``block``: each row's validation PPL over training, mean over
+    its seeds with the 95% t band (where n >= 2), in its scheme's colour (the k-th row of a scheme
+    with the k-th line style), log y. None when the block logged no validation PPL."""
+    from results.curves import row_bands
+
+    rows = next((b.rows for b in results.blocks if b.name == block), [])
+    panels = [(s, row_bands(curves[curves["block"] == block], f"val/{s}/ppl")) for s in results.sets]
+    panels = [(s, bands) for s, bands in panels if len(bands)]
+    if not rows or not panels:
+        return None
+    fig, axes = _figure(0.5 + 5.5 * len(panels), 4.0, ncols=len(panels))
+    variants = _marker_styles(rows)
+    x, x_label = _x_axis(curves[curves["block"] == block])
+    for ax, (name, bands) in zip(axes, panels, strict=True):
+        for row in rows:
+            curve = bands[bands["row"] == row.label].sort_values("step")
+            if not len(curve):
+                continue
+            color = scheme_color(row.scheme)
+            style = LINE_STYLES[variants[row.label] % len(LINE_STYLES)]
+            n = int(curve["n"].max())
+            ax.plot(curve[x], curve["mean"], style, color=color, marker=".", label=f"{row.label} (n={n})")
+            band = curve["low"].notna()
+            if band.any():
+                ax.fill_between(
+                    curve[x][band], curve["low"][band], curve["high"][band], color=color, alpha=0.15, linewidth=0
+                )
+        ax.set_yscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(f"validation PPL ({name})")
+        ax.set_title(block)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_validation_curves(results: Results, curves: pd.DataFrame, out_dir: str | Path) -> dict[str, list[Path]]:
+    """:func:`validation_curves_figure` of every block, saved as ``val_ppl_<block>``: block -> paths."""
+    figures = {}
+    for block in results.blocks:
+        fig = validation_curves_figure(results, curves, block.name)
+        if fig is not None:
+            figures[block.name] = _save(fig, out_dir, f"val_ppl_{slug(block.name)}")
+    return figures
+
+
+def claim_delta_figure(deltas: pd.DataFrame, claim: str) -> Any | None:
+    """One panel per block and validation set of ``claim``: each comparison's Δ in validation loss
+    (log PPL; claimed row - other) over training with its 95% CI, in the other row's scheme colour,
+    and the zero line. None when the claim has no comparison over training."""
+    own = deltas[deltas["claim"] == claim]
+    if own.empty:
+        return None
+    panels = list(own.groupby(["block", "metric"], sort=False))
+    fig, axes = _figure(0.5 + 5.5 * len(panels), 4.0, ncols=len(panels))
+    x, x_label = _x_axis(own)
+    for ax, ((block, metric), panel) in zip(axes, panels, strict=True):
+        for k, ((row, other, scheme), curve) in enumerate(panel.groupby(["row", "other", "other_scheme"], sort=False)):
+            curve = curve.sort_values("step")
+            color = scheme_color(scheme)
+            style = LINE_STYLES[k % len(LINE_STYLES)]
+            ax.plot(curve[x], curve["diff"], style, color=color, marker=".", label=f"{row} − {other}")
+            band = curve["low"].notna()
+            if band.any():
+                ax.fill_between(
+                    curve[x][band], curve["low"][band], curve["high"][band], color=color, alpha=0.15, linewidth=0
+                )
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(f"Δ {metric} (log PPL)")
+        ax.set_title(f"{claim}: {block}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_claim_deltas(deltas: pd.DataFrame, claims: Sequence[str], out_dir: str | Path) -> dict[str, list[Path]]:
+    """:func:`claim_delta_figure` of each claim id, saved as ``delta_<claim>``: claim -> paths."""
+    figures = {}
+    for claim in claims:
+        fig = claim_delta_figure(deltas, claim)
+        if fig is not None:
+            figures[claim] = _save(fig, out_dir, f"delta_{claim}")
+    return figures
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
 
@@ -251,12 +347,16 @@ def probe_seeds(results: Results, reports: Mapping[str, Any]) -> dict[str, str]:
 
 
 __all__ = [
+    "claim_delta_figure",
     "plot_buffer_slots",
+    "plot_claim_deltas",
     "plot_ppl_vs_params",
     "plot_probes",
     "plot_train_loss",
+    "plot_validation_curves",
     "ppl_vs_params_figure",
     "probe_seeds",
     "routing_series",
     "train_loss_figure",
+    "validation_curves_figure",
 ]
