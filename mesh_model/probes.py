@@ -50,8 +50,8 @@ Choices, made once here:
   (tokens) are shuffled, (CKA(x, Py) + CKA(Px, y)) / 2 averaged over ``PERM_SHUFFLES`` seeded
   permutations P (:func:`row_permutations`). :func:`probe_report` shuffles each sample once, by
   its own permutation (seed ``PERM_SEED`` + the sample's index), so its floors average over as
-  many shuffles as there are samples and add a quarter to the CKA time (four shuffles per sample
-  doubled it). A shuffle keeps each matrix's own structure (rank, anisotropy, norms per token)
+  many shuffles as there are samples and add about 40% to a probe's time (four shuffles per
+  sample doubled the CKA time). A shuffle keeps each matrix's own structure (rank, anisotropy, norms per token)
   and breaks only which token is which, so it is the value of "these states, unrelated token by
   token"; it is computed for every pair of stages (the Gaussian floor only knows the shape).
 * Spectra: singular values of the raw (not centred) L x D matrix, normalised sigma_i / sigma_0,
@@ -277,23 +277,24 @@ def rbf_cka(x: Tensor, y: Tensor, sigma_fraction: float = 0.5, debiased: bool = 
     return _cka_from_grams(kx, _centred_gram(y, "rbf", sigma_fraction, debiased))
 
 
-def _cka_matrix(grams: list[Tensor], perms: Tensor | None = None) -> Tensor:
-    """(S, S) CKA between S centred Gram matrices of one sample, unit diagonal; with ``perms``
-    (P, L) the permutation floors instead: entry (i, j) is the mean over the P permutations of
-    (CKA(G_i, P G_j P^T) + CKA(P G_i P^T, G_j)) / 2. Centring commutes with a permutation of the
-    rows, so the centred Grams are permuted, not recomputed."""
+def _cka_matrix(grams: list[Tensor], perms: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """(S, S) CKA between S centred Gram matrices of one sample, unit diagonal, and with ``perms``
+    (P, L) the (S, S) permutation floors (else None): entry (i, j) is the mean over the P
+    permutations of (CKA(G_i, P G_j P^T) + CKA(P G_i P^T, G_j)) / 2. Centring commutes with a
+    permutation of the rows, so the centred Grams are permuted, not recomputed."""
     flat = torch.stack([g.flatten() for g in grams])
     products = flat @ flat.T
     norms = products.diagonal().sqrt()
     scale = norms[:, None] * norms[None, :]
+    cka = (products / scale).fill_diagonal_(1.0)
     if perms is None:
-        return (products / scale).fill_diagonal_(1.0)
+        return cka, None
     floors = torch.zeros_like(scale)
     for perm in perms:
-        shuffled = torch.stack([g[perm][:, perm].flatten() for g in grams])
-        floors += flat @ shuffled.T / scale
-    floors /= len(perms)
-    return (floors + floors.T) / 2
+        for j, gram in enumerate(grams):
+            floors[:, j] += flat @ gram[perm][:, perm].flatten()
+    floors /= len(perms) * scale
+    return cka, (floors + floors.T) / 2
 
 
 def row_permutations(rows: int, shuffles: int = PERM_SHUFFLES, seed: int = PERM_SEED) -> Tensor:
@@ -322,10 +323,12 @@ def _per_sample_cka(
             if names:
                 kernels = [_kernel(t[i], kind, sigma_fraction) for t in tensors]
                 for name in names:
-                    centred = [_centre(k, name.endswith("_debiased")) for k in kernels]
-                    out[name].append(_cka_matrix(centred))
-                    if perms is not None:
-                        floors[name].append(_cka_matrix(centred, perms[i]))
+                    cka, floor = _cka_matrix(
+                        [_centre(k, name.endswith("_debiased")) for k in kernels], None if perms is None else perms[i]
+                    )
+                    out[name].append(cka)
+                    if floor is not None:
+                        floors[name].append(floor)
     stacked = {name: torch.stack(matrices) for name, matrices in out.items()}
     return stacked, {name: torch.stack(matrices) for name, matrices in floors.items()}
 
