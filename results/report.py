@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.tracking import write_key_metrics_view
-from results import collect, plots, publish, render, tables
+from results import collect, curves, plots, publish, render, tables
 from results.aggregate import Results, aggregate, decimals_for, is_accuracy
 from results.claims import Evaluation
 from results.claims_md import summary_table, write_claims
@@ -36,6 +36,7 @@ class Output:
     tables: list[Path] = field(default_factory=list)
     figures: dict[str, list[Path]] = field(default_factory=dict)
     runs_csv: Path | None = None
+    curves_csv: Path | None = None  # every validation step of every run (results/curves.py)
     claims: Path | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
     published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
@@ -85,7 +86,10 @@ def build_report(
     runs = results.runs.drop(columns=["params"])
     output.runs_csv = out / "runs.csv"
     runs.to_csv(output.runs_csv, index=False)
-    output.claims, output.evaluations = write_claims(results, out, name, experiments)
+    history = curves.read_curves(client, results)
+    output.curves_csv = out / curves.FILE
+    history.to_csv(output.curves_csv, index=False)
+    output.claims, output.evaluations = write_claims(results, out, name, experiments, curves=history)
 
     figures = out / FIGURES
     finished = [run_id for row in results.rows for run_id in row.run_ids]
@@ -93,6 +97,7 @@ def build_report(
     output.figures["buffer_slots"] = plots.plot_buffer_slots(results, figures, paper)
     histories = collect.metric_histories(client, finished, "train/loss")
     output.figures["train_loss"] = plots.plot_train_loss(results, histories, figures)
+    _plot_over_training(output, results, history, figures)
     reports = collect.probe_reports(client, _rows_with_probes(results))
     probe_figures = plots.plot_probes(results, reports, figures / "probes")
     for block, paths in probe_figures.items():
@@ -123,6 +128,42 @@ def build_report(
         output.published = publish.publish_report(client, parents, out, name, shared)
         output.published_to = publish.artifact_dir(name, shared)
     return output
+
+
+def _plot_over_training(output: Output, results: Results, history: pd.DataFrame, figures: Path) -> None:
+    """Validation PPL over tokens per block, and each primary claim's Δ over tokens."""
+    for block, paths in plots.plot_validation_curves(results, history, figures).items():
+        output.figures[f"val_ppl/{block}"] = paths
+    claims = {e.claim.id: e.claim for e in output.evaluations}
+    primary = curves.primary_claims(claims.values())
+    chosen = [e for e in output.evaluations if e.claim.id in primary and not e.supplementary]
+    deltas = curves.claim_deltas(results, history, chosen)
+    for claim, paths in plots.plot_claim_deltas(deltas, primary, figures).items():
+        output.figures[f"delta/{claim}"] = paths
+
+
+def _over_training(results: Results, output: Output) -> list[str]:
+    out = output.out_dir
+    lines = []
+    for block in results.blocks:
+        image = _image(output.figures.get(f"val_ppl/{block.name}", []), out, f"validation PPL, {block.name}")
+        if image:
+            lines += [f"**{markdown_escape(block.name)}**: validation PPL over training.", "", image, ""]
+    deltas = sorted(k.removeprefix("delta/") for k in output.figures if k.startswith("delta/"))
+    for claim in deltas:
+        image = _image(output.figures[f"delta/{claim}"], out, f"Δ {claim}")
+        lines += [f"**`{claim}`**: the claim's Δ in validation loss (log PPL) over training.", "", image, ""]
+    if not lines:
+        return []
+    csv = f"[{output.curves_csv.name}]({_rel(output.curves_csv, out)})" if output.curves_csv else "curves.csv"
+    claims = f"[{output.claims.name}]({_rel(output.claims, out)})" if output.claims else "claims.md"
+    intro = (
+        f"Every validation step of every run is in {csv} (tokens = step × tokens per step). Curves: the mean "
+        "over a row's seeds with its 95% t interval (band, where n ≥ 2), log y. Δ: claimed row − other in "
+        f"validation loss with its 95% CI ({METHOD_SHORT}); where along training each claim's verdict held is "
+        f'in {claims}, "Over training".'
+    )
+    return ["", "## Over training", "", intro, "", *lines[:-1]]
 
 
 def _rows_with_probes(results: Results) -> list[list[str]]:
@@ -280,7 +321,7 @@ def _regime(results: Results) -> list[str]:
         if passes > 1:
             line += (
                 " — **more than one pass: the models see their training data again, so validation PPL "
-                "also measures how well they memorise it (the paper trains on under one pass)**"
+                "also measures how well they memorise it**"
             )
         lines.append(line)
     return lines
@@ -438,6 +479,8 @@ def render_report(
     if figure_lines:
         lines += ["", "## Figures", "", *figure_lines]
         lines.pop()
+
+    lines += _over_training(results, output)
 
     if probes is not None or probe_figures:
         lines += ["", "## Probes", ""]
