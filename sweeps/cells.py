@@ -8,6 +8,7 @@ it propagates, and the launcher reports the cell INTERRUPTED and starts nothing 
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -100,7 +101,10 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
     except Exception as error:  # the grid goes on; train() already marked the MLflow run FAILED
         if type(error).__name__ == "TrialPruned":  # an Optuna trial stopped early on purpose
             return CellOutcome(cell.index, cell.overrides, PRUNED, cell.label, error=str(error))
-        traceback.print_exc()
+        if getattr(error, "one_line", False):  # a divergence, a full disk: its line says it all
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            traceback.print_exc()
         return CellOutcome.failed(cell, f"{type(error).__name__}: {error}".splitlines()[0])
     return CellOutcome.from_result(cell, FINISHED, result)
 

@@ -18,6 +18,8 @@ import lightning.pytorch as pl
 class NoSpaceLeft(OSError):
     """The disk filled while a checkpoint was written; the message is one line."""
 
+    one_line = True  # a grid prints its message, not its traceback
+
     def __init__(self, path: Path, step: int, resumable: int) -> None:
         start = f"step {resumable}" if resumable > 0 else "the start (no checkpoint was saved)"
         super().__init__(

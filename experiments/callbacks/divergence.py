@@ -16,6 +16,8 @@ class Diverged(RuntimeError):
     """A non-finite training or validation loss (or weights) at ``step``; the message is one line
     starting ``diverged at step N``."""
 
+    one_line = True  # a grid prints its message, not its traceback
+
     def __init__(self, step: int, what: str, value: float | None = None) -> None:
         shown = f" is {value}" if value is not None else " are not finite"
         super().__init__(f"diverged at step {step}: {what}{shown}; {LIKELY_CAUSE}")
