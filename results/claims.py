@@ -325,7 +325,8 @@ class Evaluation:
 
     @property
     def fragile(self) -> bool:
-        return any(x.comparison.tested and min(x.comparison.n_a, x.comparison.n_b) < FRAGILE_N for x in self.lines)
+        tested = [x for x in self.lines if x.comparison.tested]
+        return self.verdict != NOT_TESTED and any(min(x.comparison.n_a, x.comparison.n_b) < FRAGILE_N for x in tested)
 
     @property
     def verdict_text(self) -> str:

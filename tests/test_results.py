@@ -287,16 +287,14 @@ def test_report_links_and_summarises_the_claims(synthetic):
     assert "[claims.md](claims.md)" in report and (synthetic / "claims.md").exists()
     claims = report.split("## The paper's claims", 1)[1].split("\n## ", 1)[0]
     assert (
-        "| `mesh_below_base` | pythia-410m, compute depth 24 | `mesh 4+8R2+4 B5` vs `base 4+8R2+4` | `val/pile/ppl` | holds |"
+        "| `mesh_below_base` | pythia-410m, compute depth 24 | `mesh 4+8R2+4 B5` vs `base 4+8R2+4` | `val/pile/ppl` | holds (n=2, fragile) |"
         in claims
     )
-    assert "best mean `mesh 4+8R2+4 B5`" in report and "(p = " in report  # the summary line carries its tests
-    # ... and says whether the best row is better than the next, by the tables' test (Welch here)
+    assert "best mean `mesh 4+8R2+4 B5`" in report
+    # ... and describes the best row against the next (the top two of ranked means, a post-hoc pick):
+    # the difference with its CI, no uncorrected test
     line = next(x for x in report.splitlines() if x.startswith("* pythia-410m, compute depth 24: best mean"))
-    welch = scipy_stats.ttest_ind(SYNTHETIC[2][4], SYNTHETIC[0][4], equal_var=False)
-    assert f"vs the next, `vanilla 24` (p = {format_p(welch.pvalue)}, Welch t: " in line
-    verdict = "better than the next beyond seed noise" if welch.pvalue < 0.05 else "not significantly better"
-    assert verdict in line
+    assert "vs the next, `vanilla 24` (ranked by mean: not a test; see claims.md)" in line and "p = " not in line
 
 
 def test_paper_number_beside_the_matching_row(synthetic):
@@ -572,7 +570,8 @@ def test_tables_show_total_and_active_parameters_of_moe_rows_in_their_own_blocks
     # The paper's ordering claims are tested in the MoE block as in any other.
     claims = (moe_results / "claims.md").read_text()
     verdict = "| `mesh_below_base` | tiny-moe, compute depth 6 | `mesh 1+2R2+1` vs `base 1+2R2+1` | `val/pile/ppl` |"
-    assert f"{verdict} agrees, not significant |" in claims
+    assert f"{verdict} inconclusive, leans the paper's way (n=2, fragile) |" in claims  # two seeds each
+    assert "> **Fewer than 3 seeds**" in claims
 
 
 def test_the_routing_figure_draws_each_moe_row_in_its_schemes_colour_in_the_order_calls_run():
