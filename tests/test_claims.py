@@ -38,7 +38,7 @@ ACTIVE = "params_active_non_embedding"
 TINY, MINI = ("tiny", "1+2R2+1"), ("mini", "2+4R2+2")
 CELLS = {
     ("tiny", "vanilla", "6", ""): {"ppl": [120.0, 125.0, 130.0]},
-    # base below vanilla by 1 on average, within noise: disagrees, not significant
+    # base below vanilla by 1 on average, within noise: inconclusive, leaning against
     ("tiny", "base", *TINY[1:], ""): {
         "ppl": [119.0, 127.0, 126.0],
         "probe/update/core_balance": [0.30, 0.35, 0.32],
@@ -47,7 +47,7 @@ CELLS = {
         "probe/erank/h1": [30.0, None, None],  # logged by one seed only: n=1, not tested
         "probe/erank/h2": [28.0, None, None],
     },
-    # MeSH: far below base (holds), barely below anchor (agrees, not significant), far above anchor* (contradicted)
+    # MeSH: far below base (holds), barely below anchor (inconclusive, leaning the paper's way), far above anchor* (contradicted)
     ("tiny", "mesh", *TINY[1:], "5"): {
         "ppl": [100.0, 101.0, 102.0],
         "probe/update/core_balance": [0.80, 0.85, 0.90],
