@@ -226,3 +226,33 @@ def test_a_vanilla_state_is_one_stack_in_the_cka_and_spectra_panels():
     assert [t.get_text() for t in base.get_xticklabels()] == ["embedding", "h0", "h1", "h2", "coda"]
     spectra = spectra_comparison_figure(reports).axes
     assert spectra[0].get_legend_handles_labels()[1] == ["embedding", "stack"]
+
+
+def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_log_y():
+    from scipy import stats as scipy_stats
+
+    from results.plots import validation_curves_figure
+
+    rows = _block()
+    results = _results(rows)
+    block = results.blocks[0].name
+    records = []
+    for k, row in enumerate(rows):
+        for i, (run_id, seed) in enumerate(zip(row.run_ids, row.seeds, strict=True)):
+            for step in (10, 20, 30):
+                value = 30.0 - step / 5 + k + 0.5 * i
+                records.append((run_id, row.label, row.scheme, seed, block, step, step * 100, "val/pile/ppl", value))
+    curves = pd.DataFrame.from_records(
+        records, columns=["run_id", "row", "scheme", "seed", "block", "step", "tokens", "metric", "value"]
+    )
+    (ax,) = validation_curves_figure(results, curves, block).axes
+    assert ax.get_yscale() == "log" and ax.get_xlabel() == "tokens seen"
+    colours = _artist_colours(ax)
+    for row in rows:
+        assert colours[f"{row.label} (n=2)"] == scheme_color(row.scheme), row.label
+    # the first row's band at its first step is the 95% t interval of its two seeds
+    (band, *_) = ax.collections
+    values = [30.0 - 2.0, 30.0 - 2.0 + 0.5]
+    low, high = scipy_stats.t.interval(0.95, 1, loc=sum(values) / 2, scale=scipy_stats.sem(values))
+    ys = [y for x, y in band.get_paths()[0].vertices if x == 1000]  # step 10: 1000 tokens
+    assert min(ys) == pytest.approx(low) and max(ys) == pytest.approx(high)
