@@ -413,15 +413,14 @@ def best_of_verdict(
     held = sum(x.verdict == HOLDS for x in lines)
     summary = f"{held} of {len(lines)} comparisons significant in the paper's direction"
     if missing:
-        summary = (
-            f"best of the {len(lines)} present; {summary}; cannot hold the full claim: no "
-            + ", ".join(missing)
-            + " row"
-        )
+        summary += "; cannot hold the full claim: no " + ", ".join(missing) + " row"
     lean = LEANS_AGAINST if better else LEANS_WITH
-    if not better and adjusted is not None and adjusted < alpha:
-        return (INCONCLUSIVE, lean, summary) if missing else (HOLDS, "", summary)
-    return INCONCLUSIVE, lean, ("best mean; " if not better else "not the best mean; ") + summary
+    if better:
+        return INCONCLUSIVE, lean, f"not the best mean of the {len(lines) + 1} rows present; {summary}"
+    ranked = f"best of the {len(lines) + 1} rows present" if missing else "best mean"
+    if adjusted is not None and adjusted < alpha:
+        return (INCONCLUSIVE, lean, f"{ranked}; {summary}") if missing else (HOLDS, "", summary)
+    return INCONCLUSIVE, lean, f"{ranked}; {summary}"
 
 
 def _metrics(claim: Claim, results: Results, rows: list[Row]) -> list[tuple[str, bool]]:

@@ -234,7 +234,8 @@ def test_best_of_lists_every_comparison_with_holm(written):
         [3 * raw[0], max(3 * raw[0], 2 * raw[1]), 1.0 * max(raw[2], 2 * raw[1])]
     )
     # incomplete: base only of the 9 schemes named
-    assert "best of the 1 present" in section and "cannot hold the full claim" in section
+    assert "best of the 2 rows present; 1 of 1 comparisons significant" in section
+    assert "cannot hold the full claim: no residual, anchor, anchor_emb" in section
     slots = _section(text, "buffer_k_plus_3_best")
     assert "**holds** (3 of 3 comparisons significant in the paper's direction" in slots
     assert all(f"`mesh 2+4R2+2 B{b}`" in slots for b in (3, 4, 6)) and "`mesh 2+4R2+2 B5` 111.2 ± 1.3 (n=3)" in slots
@@ -268,7 +269,7 @@ def test_best_of_holm_keeps_a_lone_raw_p_below_alpha_from_contradicting():
     assert best_of_verdict(lines, "lower") == (
         INCONCLUSIVE,
         "leans against",
-        "not the best mean; 0 of 3 comparisons significant in the paper's direction",
+        "not the best mean of the 4 rows present; 0 of 3 comparisons significant in the paper's direction",
     )
     lines[0] = Line(lines[0].other, better, CONTRADICTED, 0.04)
     assert best_of_verdict(lines, "lower")[0] == CONTRADICTED
