@@ -190,6 +190,13 @@ def _x_axis(frame: pd.DataFrame) -> tuple[str, str]:
     return "step", "step"
 
 
+def _token_ticks(ax: Any, x: str) -> None:
+    from matplotlib.ticker import EngFormatter
+
+    if x == "tokens":
+        ax.xaxis.set_major_formatter(EngFormatter())  # 20k, 1.6M
+
+
 def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str) -> Any | None:
     """One panel per validation set of ``block``: each row's validation PPL over training, mean over
     its seeds with the 95% t band (where n >= 2), in its scheme's colour (the k-th row of a scheme
@@ -219,6 +226,7 @@ def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str)
                     curve[x][band], curve["low"][band], curve["high"][band], color=color, alpha=0.15, linewidth=0
                 )
         ax.set_yscale("log")
+        _token_ticks(ax, x)
         ax.set_xlabel(x_label)
         ax.set_ylabel(f"validation PPL ({name})")
         ax.set_title(block)
@@ -259,6 +267,7 @@ def claim_delta_figure(deltas: pd.DataFrame, claim: str) -> Any | None:
                     curve[x][band], curve["low"][band], curve["high"][band], color=color, alpha=0.15, linewidth=0
                 )
         ax.axhline(0.0, color="black", linewidth=0.8)
+        _token_ticks(ax, x)
         ax.set_xlabel(x_label)
         ax.set_ylabel(f"Δ {metric} (log PPL)")
         ax.set_title(f"{claim}: {block}", fontsize=9)
