@@ -177,7 +177,7 @@ def run_auto(
     primary = primary_claims(claims, arm_plans)
     if not primary:
         raise ConfigError("seeds=auto", name, "a grid whose arms test a primary claim of results/paper_claims.yaml")
-    design = Design(auto.stage, auto.max, auto.alpha, len(primary), auto.spending)  # m fixed up front
+    design = Design(auto.stage, auto.max, auto.alpha, len(primary), auto.spending, auto.futility)  # m fixed up front
     arms = [arm_of(c) for c in arms_cells]
     hashes = {
         with_seed(p, s).config_hash: (arm, s) for arm, p in zip(arms, arm_plans, strict=True) for s in range(auto.max)
@@ -193,8 +193,8 @@ def run_auto(
         code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command,
                          only=lambda cell, chosen=chosen: arm_of(cell) in chosen)  # fmt: skip
         status = status or code
-        evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
-        arm_by_run = _arms_by_run(evaluations, hashes, arm_plans[0])
+        evaluations, frame = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+        arm_by_run = _arms_by_run(frame, hashes)
         verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]
         print(f"\n{verdict_table(verdicts)}", file=out)
         stage_plans = [with_seed(p, s) for arm, p in zip(arms, arm_plans, strict=True) for s in seeds if arm in chosen]
@@ -212,8 +212,8 @@ def run_auto(
     return status
 
 
-def _arms_by_run(evaluations: Sequence[Evaluation], hashes: dict[str, tuple[Arm, int]], plan: RunPlan):
-    frame = finished_runs(plan.tracking_uri, plan.experiment)
+def _arms_by_run(frame: pd.DataFrame, hashes: dict[str, tuple[Arm, int]]):
+    """evaluation -> the arms its two rows ran in (from the runs' config hashes)."""
     by_run = {r: hashes.get(h, ((), 0))[0] for r, h in zip(frame["run_id"], frame["config_hash"], strict=True)}
 
     def arms(evaluation: Evaluation) -> list[Arm]:

@@ -102,6 +102,7 @@ class AutoSeeds:
     max: int = 12
     alpha: float = 0.05
     spending: str = "obrien_fleming"
+    futility: bool = True  # stop a claim whose interval excludes the paper's effect
     budget_cpu_h: float | None = None
     budget_gpu_h: float | None = None
 
@@ -118,7 +119,21 @@ class AutoSeeds:
                 raise ConfigError(f"seeds.{name}", value, "a number of hours > 0")
 
 
-AUTO_KEYS = {"stage": int, "max": int, "alpha": float, "spending": str, "budget_cpu_h": float, "budget_gpu_h": float}
+def _flag(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError(text)
+    return text.lower() == "true"
+
+
+AUTO_KEYS = {
+    "stage": int,
+    "max": int,
+    "alpha": float,
+    "spending": str,
+    "futility": _flag,
+    "budget_cpu_h": float,
+    "budget_gpu_h": float,
+}
 
 
 def split_auto_seeds(arguments: Sequence[str]) -> tuple[AutoSeeds | None, list[str]]:
@@ -140,7 +155,8 @@ def split_auto_seeds(arguments: Sequence[str]) -> tuple[AutoSeeds | None, list[s
         try:
             given[name] = AUTO_KEYS[name](value)
         except ValueError:
-            raise ConfigError(key, value, f"a {AUTO_KEYS[name].__name__}") from None
+            kind = "true or false" if name == "futility" else f"a {AUTO_KEYS[name].__name__}"
+            raise ConfigError(key, value, kind) from None
     if given and not auto:
         name = next(iter(given))
         raise ConfigError(f"seeds.{name}", given[name], "needs seeds=auto beside it (add seeds=auto, or drop it)")
@@ -195,6 +211,9 @@ def read_request(name: str, arguments: Sequence[str]) -> tuple[LaunchConfig, lis
     if name not in sweep_names():
         known = sweep_names()
         raise SweepError(f"sweep={name!r} is invalid: {did_you_mean(name, known)}known sweeps: {', '.join(known)}")
+    if any(a.startswith("seeds.") or a == "seeds=auto" for a in arguments):
+        split_auto_seeds(arguments)  # seeds.* without seeds=auto: said in one line
+        raise SweepError("seeds=auto runs through mesh-sweep's stage driver (results/seeds_auto.py)")
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)

@@ -172,9 +172,11 @@ def results_driver(name: str) -> Callable[..., int]:
     """A mode of ``mesh-sweep`` that reads runs back (``seeds=auto``, ``--plan``): it lives in the
     results layer, which sweeps cannot import, and is found as the entry point ``name`` of
     :data:`DRIVERS`."""
-    from importlib.metadata import entry_points
+    from importlib.metadata import distributions
 
-    found = list(entry_points(group=DRIVERS, name=name))
+    # Every installed copy's metadata, not just the first: a stale *.egg-info in the working
+    # directory (from an older install) would otherwise hide the installed entry points.
+    found = [ep for dist in distributions() for ep in dist.entry_points if ep.group == DRIVERS and ep.name == name]
     if not found:
         raise SweepError(
             f"{name} needs the entry point {DRIVERS}:{name} of this package: reinstall it (pip install -e .)"

@@ -1,0 +1,96 @@
+"""``mesh-sweep GRID seeds=auto`` (stages of seeds, decided by results/sequential.py) and ``--plan``."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from results.stats import seeds_needed
+from sweeps.sweep import main, run_sweep
+
+# The smallest grid cell (tests/conftest.py's GRID_CELL, two steps), without probes.
+CELL = [
+    "model=tiny",
+    "probes.enabled=false",
+    "max_steps=2",
+    "val_every=2",
+    "log_every=1",
+    "checkpoint_every=2",
+    "data.seq_len=32",
+    "data.batch_size=4",
+    "data.val_batches=1",
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["seeds=auto", "seeds.stage=0"], "seeds.stage=0 is invalid: an integer >= 2"),
+        (["seeds=auto", "seeds.stage=3", "seeds.max=2"], "seeds.max=2 is invalid: an integer >= seeds.stage=3"),
+        (["seeds=auto", "seeds.alpha=1.5"], "seeds.alpha=1.5 is invalid: a number strictly between 0 and 1"),
+        (["seeds.stage=2"], "seeds.stage=2 is invalid: needs seeds=auto beside it"),
+        (["seeds=auto", "seeds.stag=2"], "did you mean 'stage'?"),
+        (["seeds=auto", "scheme=mesh"], "seeds=auto='schemes' is invalid: a grid whose arms test a primary claim"),
+    ],
+)
+def test_bad_seeds_auto_requests_are_refused_in_one_line_before_compute(arguments, message, tmp_path, capsys):
+    assert main(["schemes", *arguments, *CELL, f"runs_dir={tmp_path}"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "schemes").exists()
+
+
+def test_plan_without_runs_uses_the_prior_sd_and_the_flop_model(tmp_path, capsys):
+    assert main(["schemes", "--plan", *CELL, f"runs_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "alpha 0.0125 per primary claim (Bonferroni over 4)" in out
+    (line,) = [x for x in out.splitlines() if "mesh_below_base" in x]
+    assert f"prior SD 0.03: {seeds_needed(-0.036, 0.03, 0.0125)} seeds per arm" in line and "(FLOP model)" in line
+    assert not (tmp_path / "mlflow.db").exists()  # --plan creates no store
+
+
+def parents(tmp_path):
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("schemes").experiment_id])
+    return (
+        client,
+        [r for r in runs if r.data.tags.get("kind") == "sweep"],
+        [r for r in runs if r.data.tags.get("kind") != "sweep"],
+    )
+
+
+@pytest.mark.slow
+def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp_path, capsys):
+    args = ["seeds=auto", "seeds.stage=2", "seeds.max=4", "seeds.futility=false", "scheme=base,mesh", *CELL]
+    args.append(f"runs_dir={tmp_path}")
+    first_run = io.StringIO()
+    assert run_sweep("schemes", args, out=first_run) == 0
+    out = first_run.getvalue()
+    assert "primary claims mesh_below_base;" in out and "stage 1: seeds 0..1 on 2 arm(s)" in out
+    assert "next: seeds 2..3 on 2 arm(s); projected " in out  # the bound at n=2 (|t| > 115) is not crossed
+    assert "stage 2: seeds 2..3 on 2 arm(s)" in out
+    assert "seeds=auto stops: " in out
+    client, grids, children = parents(tmp_path)
+    assert len(children) == 8 and all(r.info.status == "FINISHED" for r in children)
+    assert {r.data.params["seed"] for r in children} == {"0", "1", "2", "3"}
+    (first,) = [p for p in grids if "seeds_auto.stage1" in p.data.tags]
+    local = client.download_artifacts(first.info.run_id, "stages.json", str(tmp_path))
+    document = json.loads(Path(local).read_text())
+    assert [s["stage"] for s in document["stages"]] == [1, 2] and document["design"]["max"] == 4
+    (last,) = document["stages"][-1]["verdicts"]
+    assert last["n"] == 4 and last["verdict"] in ("holds", "contradicted", "inconclusive")
+    assert "seeds_auto.stage2" in client.get_run(first.info.run_id).data.tags
+
+    rerun = io.StringIO()
+    assert run_sweep("schemes", args, out=rerun) == 0  # the same command again: everything finished, same verdict
+    again = rerun.getvalue()
+    assert again.count("0 to run") == 2 and f"  {last['verdict']}  (mesh" in again
+    assert len(parents(tmp_path)[2]) == 8
+
+    assert main(["schemes", "--plan", "scheme=base,mesh", *CELL, f"runs_dir={tmp_path}"]) == 0
+    plan = capsys.readouterr().out
+    assert "from 4 finished seeds" in plan and "(measured run times)" in plan
