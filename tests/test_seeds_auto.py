@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -85,12 +87,18 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
     assert last["n"] == 4 and last["verdict"] in ("holds", "contradicted", "inconclusive")
     assert "seeds_auto.stage2" in client.get_run(first.info.run_id).data.tags
 
-    rerun = io.StringIO()
-    assert run_sweep("schemes", args, out=rerun) == 0  # the same command again: everything finished, same verdict
-    again = rerun.getvalue()
-    assert again.count("0 to run") == 2 and f"  {last['verdict']}  (mesh" in again
+    # The same command again, as a user re-runs it (a new process): everything finished, same verdict.
+    script = str(Path(sys.executable).parent / "mesh-sweep")
+    again = subprocess.run([script, "schemes", *args], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "already finished, 0 to run" in again.stdout and f"  {last['verdict']}  (mesh" in again.stdout
     assert len(parents(tmp_path)[2]) == 8
 
-    assert main(["schemes", "--plan", "scheme=base,mesh", *CELL, f"runs_dir={tmp_path}"]) == 0
-    plan = capsys.readouterr().out
-    assert "from 4 finished seeds" in plan and "(measured run times)" in plan
+    plan = subprocess.run(
+        [script, "schemes", "--plan", "scheme=base,mesh", *CELL, f"runs_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "from 4 finished seeds" in plan.stdout and "(measured run times)" in plan.stdout
