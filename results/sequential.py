@@ -35,6 +35,7 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from mesh_model import ConfigError
+from sweeps.grid import check_seed_stages
 
 SPENDING = ("obrien_fleming", "pocock")
 CALIBRATION_PATHS = 400_000
@@ -66,12 +67,7 @@ class Design:
     futility: bool = True
 
     def __post_init__(self) -> None:
-        if self.stage < 2:
-            raise ConfigError("seeds.stage", self.stage, "an integer >= 2 (a paired t-test needs two seeds)")
-        if self.n_max < self.stage:
-            raise ConfigError("seeds.max", self.n_max, f"an integer >= seeds.stage ({self.stage})")
-        if not 0 < self.alpha < 1:
-            raise ConfigError("seeds.alpha", self.alpha, "a number strictly between 0 and 1, e.g. 0.05")
+        check_seed_stages(self.stage, self.n_max, self.alpha)
         if self.claims < 1:
             raise ConfigError("seeds=auto", "no primary claim", "a grid whose runs test a primary claim")
         if self.spending not in SPENDING:

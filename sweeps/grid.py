@@ -93,6 +93,17 @@ def parse_seeds(value: str) -> list[int]:
     raise ConfigError("seeds", value, SEEDS_ALLOWED)
 
 
+def check_seed_stages(stage: int, most: int, alpha: float) -> None:
+    """``seeds.stage``, ``seeds.max`` and ``seeds.alpha`` of a group-sequential grid, one line each
+    (the CLI's :class:`AutoSeeds` and the design, ``results.sequential.Design``, share it)."""
+    if stage < 2:
+        raise ConfigError("seeds.stage", stage, "an integer >= 2 (a paired t-test needs two seeds per arm)")
+    if most < stage:
+        raise ConfigError("seeds.max", most, f"an integer >= seeds.stage={stage}")
+    if not 0 < alpha < 1:
+        raise ConfigError("seeds.alpha", alpha, "a number strictly between 0 and 1, e.g. 0.05")
+
+
 @dataclass(frozen=True)
 class AutoSeeds:
     """``seeds=auto``: seeds added ``stage`` at a time up to ``max`` per arm, while a primary claim
@@ -107,12 +118,7 @@ class AutoSeeds:
     budget_gpu_h: float | None = None
 
     def __post_init__(self) -> None:
-        if self.stage < 2:
-            raise ConfigError("seeds.stage", self.stage, "an integer >= 2 (a paired t-test needs two seeds per arm)")
-        if self.max < self.stage:
-            raise ConfigError("seeds.max", self.max, f"an integer >= seeds.stage={self.stage}")
-        if not 0 < self.alpha < 1:
-            raise ConfigError("seeds.alpha", self.alpha, "a number strictly between 0 and 1, e.g. 0.05")
+        check_seed_stages(self.stage, self.max, self.alpha)
         for name in ("budget_cpu_h", "budget_gpu_h"):
             value = getattr(self, name)
             if value is not None and not value > 0:
