@@ -367,7 +367,8 @@ def _honesty(results: Results) -> list[str]:
         "* Only FINISHED runs are averaged. Each cell is the mean ± the **sample** standard deviation (ddof=1) "
         "over the seeds of its row, with n the number of runs averaged.",
         f"* Every difference between two rows carries its test: {METHOD}. Bold and underlined cells rank "
-        f"means only; a difference with p ≥ {ALPHA} is within seed-to-seed noise.",
+        f"means only; p ≥ {ALPHA} does not show two rows equal: claims.md says what the seeds could detect "
+        "(MDE) and which differences are shown equivalent (TOST).",
     ]
     rows = results.rows
     single = [r for r in rows if r.n == 1]

@@ -217,8 +217,9 @@ MARKS_NOTE = (
 )
 TEST_NOTE = (
     "Δ (95% CI): difference of means (this row minus the reference) with its 95% confidence interval; "
-    f"p and test: {METHOD}. — marks the reference row itself; p ≥ {ALPHA} means the difference is within "
-    "seed-to-seed noise at this number of seeds."
+    f"p and test: {METHOD}. — marks the reference row itself; p ≥ {ALPHA} does not show the rows equal "
+    "(at this number of seeds the test may not detect the paper's effect): claims.md gives each claim's minimal "
+    "detectable effect and equivalence verdict."
 )
 
 
