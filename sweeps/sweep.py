@@ -89,6 +89,8 @@ def run_sweep(
     ``only``: the cells to run (a sub-grid, with its own key and parent run: a stage of ``seeds=auto``).
     ``seeds=auto`` goes to the stage driver of the results layer (:func:`results_driver`)."""
     if "seeds=auto" in arguments:
+        if detach:  # each stage's verdicts decide the next: the driver must wait for every stage
+            raise SweepError("--detach does not go with seeds=auto: each stage is decided before the next is submitted")
         return results_driver("seeds_auto")(name, arguments, dry_run=dry_run, out=out, command=command)
     launch, cell_overrides, base = read_request(name, arguments)
     command = command or shlex.join(["mesh-sweep", name, *arguments])

@@ -36,6 +36,7 @@ CELL = [
         (["seeds=auto", "seeds.alpha=1.5"], "seeds.alpha=1.5 is invalid: a number strictly between 0 and 1"),
         (["seeds.stage=2"], "seeds.stage=2 is invalid: needs seeds=auto beside it"),
         (["seeds=auto", "seeds.stag=2"], "did you mean 'stage'?"),
+        (["seeds=auto", "--detach"], "--detach does not go with seeds=auto: each stage is decided before the next"),
         (["seeds=auto", "scheme=mesh"], "seeds=auto='schemes' is invalid: a grid whose arms test a primary claim"),
     ],
 )
