@@ -15,7 +15,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -34,18 +33,14 @@ from mesh_model.accounting import estimate_step_memory, parameter_count
 
 BIN = Path(sys.executable).parent
 FAST = ("model=tiny", "max_steps=2", "data.seq_len=32", "data.batch_size=2", "data.val_batches=1")
-# A bad input must be answered in seconds (imports included), long before a step could run.
-QUICK_S = 30
 
 
-def cli(tool: str, *args: str, tmp: Path, prefix: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, float]:
+def cli(tool: str, *args: str, tmp: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["MESH_CACHE_DIR"] = str(tmp / "cache")
-    started = time.monotonic()
-    done = subprocess.run(
+    return subprocess.run(
         [*prefix, str(BIN / tool), *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=120
     )
-    return done, time.monotonic() - started
 
 
 def runs_in(db: Path) -> int:
@@ -56,13 +51,14 @@ def runs_in(db: Path) -> int:
         return connection.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
 
 
-def assert_refused(done: subprocess.CompletedProcess, elapsed: float, field: str, tmp: Path, runs_dir: Path) -> str:
+def assert_refused(done: subprocess.CompletedProcess, field: str, tmp: Path, runs_dir: Path) -> str:
+    """One line, exit 2, and nothing computed: no run, no run folder, nothing fetched or cached
+    (what shows that no compute happened; a wall-clock bound would fail on a loaded machine)."""
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
     assert done.returncode == 2, done.stderr
     line = lines[0]
     assert line.startswith("error: ") and field in line, line
-    assert elapsed < QUICK_S, f"took {elapsed:.0f} s"
     assert runs_in(runs_dir / "mlflow.db") == 0
     assert not (runs_dir / "mesh").exists()  # no run folder (and no MLflow experiment folder)
     assert not (tmp / "cache").exists()  # nothing was fetched, tokenized or cached
@@ -108,8 +104,8 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
     args = [o.format(tmp=tmp_path) for o in overrides]
     if not any(a.startswith("runs_dir=") for a in args):
         args.append(f"runs_dir={runs_dir}")
-    done, elapsed = cli("mesh-train", *FAST, *args, tmp=tmp_path)
-    line = assert_refused(done, elapsed, field, tmp_path, runs_dir)
+    done = cli("mesh-train", *FAST, *args, tmp=tmp_path)
+    line = assert_refused(done, field, tmp_path, runs_dir)
     if "postgresql" in field:
         assert "driver" in line or "does not answer" in line
     if "1+2R1000+1" in field:
@@ -139,8 +135,8 @@ def test_check_path_false_leaves_data_path_to_the_job_and_keeps_the_run_identity
 def test_a_bad_loss_backend_is_refused_before_compute(tmp_path, backend, field, monkeypatch):
     monkeypatch.setenv("MESH_LOSS_BACKEND", backend)
     runs_dir = tmp_path / "runs"
-    done, elapsed = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path)
-    assert_refused(done, elapsed, field, tmp_path, runs_dir)
+    done = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path)
+    assert_refused(done, field, tmp_path, runs_dir)
 
 
 def test_the_data_file_named_in_the_line_is_the_binary_one(tmp_path):
@@ -181,10 +177,10 @@ def test_a_read_only_runs_dir_is_refused_before_hydra_writes_there(tmp_path, whe
     runs_dir = locked if where == "the folder" else locked / "runs"
     prefix = read_only_prefix(locked)
     try:
-        done, elapsed = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path, prefix=prefix)
+        done = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path, prefix=prefix)
     finally:
         locked.chmod(0o755)
-    line = assert_refused(done, elapsed, f"runs_dir='{runs_dir}' is invalid", tmp_path, runs_dir)
+    line = assert_refused(done, f"runs_dir='{runs_dir}' is invalid", tmp_path, runs_dir)
     assert "not writable" in line
     assert list(locked.iterdir()) == []
 
@@ -199,15 +195,15 @@ def test_a_read_only_runs_dir_is_refused_before_hydra_writes_there(tmp_path, whe
     ],
 )
 def test_mesh_eval_refuses_bad_settings_before_loading_anything(tmp_path, args, field):
-    done, elapsed = cli("mesh-eval", str(tmp_path / "no-run-needed"), "--tasks", "local", *args, tmp=tmp_path)
-    assert_refused(done, elapsed, field, tmp_path, tmp_path / "runs")
+    done = cli("mesh-eval", str(tmp_path / "no-run-needed"), "--tasks", "local", *args, tmp=tmp_path)
+    assert_refused(done, field, tmp_path, tmp_path / "runs")
 
 
 def test_mesh_eval_refuses_more_shots_than_a_local_task_has(tiny_run, tmp_path):
     # tiny_run is shared: another test may have evaluated it already; this refusal writes nothing.
     before = sorted((tiny_run.run_dir / "eval").rglob("*")) if (tiny_run.run_dir / "eval").exists() else None
-    done, elapsed = cli("mesh-eval", str(tiny_run.run_dir), "--tasks", "local", "--shots", "11", tmp=tmp_path)
-    line = assert_refused(done, elapsed, "--shots=11 is invalid for task mesh_", tmp_path, tmp_path / "runs")
+    done = cli("mesh-eval", str(tiny_run.run_dir), "--tasks", "local", "--shots", "11", tmp=tmp_path)
+    line = assert_refused(done, "--shots=11 is invalid for task mesh_", tmp_path, tmp_path / "runs")
     assert "has 10 examples" in line
     after = sorted((tiny_run.run_dir / "eval").rglob("*")) if (tiny_run.run_dir / "eval").exists() else None
     assert after == before
@@ -215,8 +211,8 @@ def test_mesh_eval_refuses_more_shots_than_a_local_task_has(tiny_run, tmp_path):
 
 def test_mesh_probe_refuses_an_unknown_mlflow_run_before_probing(tiny_run, tmp_path):
     before = tiny_run.client.get_run(tiny_run.run_id).data.metrics
-    done, elapsed = cli("mesh-probe", str(tiny_run.run_dir), "--mlflow-run", "nosuchrun", tmp=tmp_path)
-    line = assert_refused(done, elapsed, "--mlflow-run=nosuchrun is invalid: no such MLflow run", tmp_path, tmp_path)
+    done = cli("mesh-probe", str(tiny_run.run_dir), "--mlflow-run", "nosuchrun", tmp=tmp_path)
+    line = assert_refused(done, "--mlflow-run=nosuchrun is invalid: no such MLflow run", tmp_path, tmp_path)
     assert tiny_run.tracking_uri.removeprefix("sqlite:///") in line
     assert not (tiny_run.run_dir / "probes" / "cli").exists()  # nothing was probed
     assert tiny_run.client.get_run(tiny_run.run_id).data.metrics == before
@@ -344,9 +340,9 @@ def test_a_server_that_answers_health_but_is_not_mlflow_is_refused(tmp_path):
     try:
         assert urllib.request.urlopen(f"{uri}/health", timeout=5).status == 200
         runs_dir = tmp_path / "runs"
-        done, elapsed = cli("mesh-train", *FAST, f"tracking.tracking_uri={uri}", f"runs_dir={runs_dir}", tmp=tmp_path)
+        done = cli("mesh-train", *FAST, f"tracking.tracking_uri={uri}", f"runs_dir={runs_dir}", tmp=tmp_path)
         line = assert_refused(
-            done, elapsed, f"tracking_uri='{uri}' answers but is not an MLflow tracking server", tmp_path, runs_dir
+            done, f"tracking_uri='{uri}' answers but is not an MLflow tracking server", tmp_path, runs_dir
         )
         assert "HTTP 404" in line
     finally:
