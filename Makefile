@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data demo check params test test-gpu lint format clean slurm slurm-stop slurm-status
+.PHONY: setup data data-large demo check params test test-gpu lint format clean slurm slurm-stop slurm-status
 
 setup: $(STAMP)
 
@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml
 # (cached in $$MESH_CACHE_DIR, default ~/.cache/mesh-recursive).
 data: setup
 	$(PY) -m experiments.data fetch --corpus shakespeare kjv --tokenizer gpt2
+
+# The docs corpus (data=docs: the Linux kernel's and Python's documentation, about 12M tokens), the
+# one-pass corpus of the CPU reproduction: two Debian packages (50 MB) fetched over HTTPS, verified by sha256.
+data-large: setup
+	$(PY) -m experiments.data fetch --corpus docs
 
 # The main job: the schemes grid (6 schemes x 2 seeds, tiny preset, Shakespeare), 10-20 min on 2 CPU
 # cores, then the results table, results/schemes/report.md and how to open the MLflow UI.

