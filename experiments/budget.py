@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from experiments.config import TrainConfig
 from experiments.schedule import warmup_steps
-from mesh_model import ConfigError
+from mesh_model import ConfigError, ModelConfig
+
+# The FLOP model of a run that has not run yet: sustained matmul FLOP/s (stated guesses).
+CPU_FLOPS = 2e10  # per CPU core
+GPU_FLOPS = 1e14  # per GPU (about a third of an A100's dense bf16 peak)
+# A checkpoint holds every parameter and AdamW's two moments, each at the parameters' precision.
+CHECKPOINT_COPIES = 3
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,49 @@ def step_budget(train: TrainConfig, processes: int | None) -> StepBudget:
     if optim.warmup_steps is not None and warmup >= max_steps:
         raise ConfigError("optim.warmup_steps", warmup, f"must be fewer than the run's {max_steps} steps")
     return StepBudget(data.batch_size, accumulate, processes, data.seq_len, max_steps, warmup, optim.min_lr_ratio)
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What a run will cost by the FLOP model: its training FLOPs, whether it trains on GPUs, and
+    the bytes of checkpoints it leaves (``last.ckpt`` and the newest ``step<N>.ckpt``)."""
+
+    flops: float
+    on_gpu: bool
+    disk_bytes: int
+
+    @property
+    def hours(self) -> float:
+        """CPU core-hours (GPU-hours on GPUs): the FLOPs at :data:`CPU_FLOPS` per core (:data:`GPU_FLOPS` per GPU)."""
+        return self.flops / (GPU_FLOPS if self.on_gpu else CPU_FLOPS) / 3600
+
+
+def run_cost(
+    model_config: ModelConfig, budget: StepBudget, on_gpu: bool, param_bytes: int, checkpoint_every: int
+) -> RunCost:
+    """The :class:`RunCost` of training ``model_config`` for ``budget``, its parameters held in
+    ``param_bytes`` each, checkpointed every ``checkpoint_every`` steps."""
+    flops, parameters = model_size(model_config, budget.seq_len)
+    files = 2 if budget.max_steps >= checkpoint_every else 1
+    return RunCost(flops * budget.total_tokens, on_gpu, files * CHECKPOINT_COPIES * param_bytes * parameters)
+
+
+def flop_seconds(model_config: ModelConfig, tokens: float, cores: int) -> float:
+    """One run's wall time on ``cores`` CPU cores by the FLOP model: training FLOPs per token x
+    ``tokens`` / the cores' rate."""
+    return model_size(model_config)[0] * tokens / (CPU_FLOPS * cores)
+
+
+def model_size(model_config: ModelConfig, seq_len: int | None = None) -> tuple[int, int]:
+    """(training FLOPs per token at ``seq_len``, parameters) of ``model_config``, built on the meta
+    device: no memory, no initialisation."""
+    import torch
+
+    from mesh_model import MeshTransformer, flops_per_token
+
+    with torch.device("meta"):
+        model = MeshTransformer(model_config)
+    return flops_per_token(model, seq_len), sum(p.numel() for p in model.parameters())
 
 
 def tokens_text(count: float) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.budget import StepBudget, step_budget
+from experiments.budget import RunCost, StepBudget, run_cost, step_budget
 from experiments.config import MAX_SEED, OptimConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
 from experiments.data.corpora import check_text_files
@@ -90,18 +90,7 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     the user's data files, ``runs_dir`` and the store) and decide the run's identity; touches no
     model or data, creates nothing. The step's memory is checked against ``memory`` where the run
     executes elsewhere (a SLURM job), else against this machine's."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(config, dict)
-    train: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    try:
-        train.validate()
-    except ConfigError as error:
-        raise InputError(str(error)) from None
-    model_config = model_config_for(config)
-    try:
-        budget = step_budget(train, known_processes(train.trainer))
-    except ConfigError as error:
-        raise InputError(str(error)) from None
+    config, train, model_config, budget = _read_config(cfg)
     # What the budget decided is the config from here on (and so the run's hash: a run of
     # tokens=... is the run of the max_steps it comes to; tokens and global_batch themselves are
     # left out of the hash, experiments/identity.py).
@@ -144,6 +133,35 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
         or _processes(train.trainer.devices, False) > 1
         or train.trainer.num_nodes > 1,
     )
+
+
+def _read_config(cfg: DictConfig) -> tuple[dict[str, Any], TrainConfig, ModelConfig, StepBudget]:
+    """(the resolved config, its dataclass, the model, the step budget), every field checked."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    train: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    try:
+        train.validate()
+    except ConfigError as error:
+        raise InputError(str(error)) from None
+    model_config = model_config_for(config)
+    try:
+        budget = step_budget(train, known_processes(train.trainer))
+    except ConfigError as error:
+        raise InputError(str(error)) from None
+    return config, train, model_config, budget
+
+
+def estimate_run(cfg: DictConfig) -> RunCost:
+    """The run's cost by the FLOP model (:func:`~experiments.budget.run_cost`) from its config alone:
+    its fields, model and budget checked as :func:`plan_run` checks them, but no memory, data or
+    store check, so a grid can say what it costs before its cells are planned. The model has the
+    vocabulary the run's tokenizer will give it, where that is known."""
+    _, train, model_config, budget = _read_config(cfg)
+    vocab = _expected_vocab(train)
+    model_config = model_config.replace(vocab_size=vocab) if vocab else model_config
+    param_bytes = precision_bytes(train.trainer.resolved_precision)[1]
+    return run_cost(model_config, budget, runs_on_accelerator(train.trainer), param_bytes, train.checkpoint_every)
 
 
 def with_seed(plan: RunPlan, seed: int) -> RunPlan:

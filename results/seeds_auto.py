@@ -26,6 +26,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from experiments.budget import flop_seconds
 from experiments.plan import RunPlan, with_seed
 from mesh_model import ConfigError
 from results import collect
@@ -338,15 +339,8 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
 
 
 PLAN_SEEDS = 16  # --plan reads the finished runs of seeds 0..15
-CPU_FLOPS = 2e10  # sustained matmul FLOP/s per core, for a plan without measured runs (a stated guess)
 
 
 def _flop_seconds(plan: RunPlan, cores: int) -> float:
-    """One run's wall time from the FLOP model: training FLOPs per token x tokens / the cores' rate."""
-    import torch
-
-    from mesh_model import MeshTransformer, flops_per_token
-
-    with torch.device("meta"):
-        model = MeshTransformer(plan.model_config)
-    return flops_per_token(model) * plan.budget.total_tokens / (CPU_FLOPS * cores)
+    """One run's wall time from the FLOP model (experiments/budget.py, also what mesh-sweep estimates)."""
+    return flop_seconds(plan.model_config, plan.budget.total_tokens, cores)
