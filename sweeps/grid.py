@@ -234,12 +234,27 @@ def read_request(name: str, arguments: Sequence[str]) -> tuple[LaunchConfig, lis
 
 
 def grid_cells(name: str, cell_overrides: Sequence[str], launch: LaunchConfig) -> tuple[list[Cell], list[RunPlan]]:
-    """The cells, with what the launcher adds for the resources (``trainer.devices``...), and each
-    one's plan: every cell checked before compute."""
+    """The cells (:func:`launched_cells`) and each one's plan: every cell checked before compute."""
+    cells = launched_cells(name, cell_overrides, launch)
+    return cells, plan_cells(cells, launch)
+
+
+def launched_cells(name: str, cell_overrides: Sequence[str], launch: LaunchConfig) -> list[Cell]:
+    """The cells, with what the launcher adds for the resources (``trainer.devices``...); not planned."""
     cells = expand_cells(name, cell_overrides, launch.seeds)
     if extra := launch.launcher.cell_overrides(launch.resources):
         cells = [Cell(c.index, [*c.overrides, *extra], c.label) for c in cells]
-    return cells, plan_cells(cells, launch)
+    return cells
+
+
+def config_of(cell: Cell) -> tuple[tuple[str, ...], int | None]:
+    """(the cell's overrides without its seed, its seed): cells with the same first part differ
+    only in their seed. The seed is None where the cell has no seed axis (or an odd one): then
+    the first part is all its overrides."""
+    seeds = [o.split("=", 1)[1] for o in cell.overrides if o.startswith("seed=")]
+    if len(seeds) != 1 or not _is_int(seeds[0]):
+        return tuple(cell.overrides), None
+    return tuple(o for o in cell.overrides if not o.startswith("seed=")), int(seeds[0])
 
 
 def plan_cells(cells: Sequence[Cell], launch: LaunchConfig) -> list[RunPlan]:
@@ -249,14 +264,13 @@ def plan_cells(cells: Sequence[Cell], launch: LaunchConfig) -> list[RunPlan]:
     planned: dict[tuple[str, ...], RunPlan] = {}
     plans = []
     for cell in cells:
-        seeds = [o.split("=", 1)[1] for o in cell.overrides if o.startswith("seed=")]
-        rest = tuple(o for o in cell.overrides if not o.startswith("seed="))
-        if len(seeds) != 1 or not _is_int(seeds[0]):  # no seed axis (or an odd one): plan it whole
+        rest, seed = config_of(cell)
+        if seed is None:
             plans.append(plan_where_it_runs(compose_config(cell.overrides), launch))
             continue
         if rest not in planned:
             planned[rest] = plan_where_it_runs(compose_config(cell.overrides), launch)
-        plans.append(with_seed(planned[rest], int(seeds[0])))
+        plans.append(with_seed(planned[rest], seed))
     return plans
 
 

@@ -1,7 +1,8 @@
 """``mesh-sweep NAME [overrides]``: one ablation grid of the paper, end to end.
 
     mesh-sweep schemes                                   # the grid on the tiny CPU preset
-    mesh-sweep schemes seeds=3 --dry-run                 # list the 18 runs, start nothing
+    mesh-sweep schemes seeds=3 --dry-run                 # count, cost and list the 18 runs, start nothing
+    mesh-sweep schemes seeds=500 --yes                   # more than 200 cells: --yes, or answer y on a terminal
     mesh-sweep buffer_slots model=mini launcher.workers=2
     mesh-sweep schemes model=pythia-410m trainer=gpu launcher=slurm launcher.partition=gpu resources=gpu1
     mesh-sweep schemes launcher=slurm --detach           # submit the jobs and return
@@ -20,6 +21,9 @@ sweep file's ``hydra.sweeper.params``. Bookkeeping:
 * a line when each cell starts and ends (``cell i/N``, with steps/s, val PPL, wall time and the
   grid's ETA), timestamped when the output is not a terminal; at the end the summary table and
   the commands that show the results (sweeps/progress.py);
+* the cell count, then the FLOP model's estimate (CPU- or GPU-hours, checkpoints on disk), come
+  first, before the cells are planned; a grid of more than 200 cells starts only once a terminal's
+  answer or ``--yes`` confirms it (sweeps/estimate.py);
 * every cell is validated before anything trains; cells whose run already finished are
   skipped, interrupted ones resume;
 * a failing cell is FAILED with its error and the others go on, also when its worker process
@@ -59,7 +63,17 @@ from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
 from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
 from sweeps.config import LaunchConfig
-from sweeps.grid import SweepError, grid_cells, grid_key, plan_where_it_runs, read_request, sweep_dir_for, sweep_key
+from sweeps.estimate import confirmed, count_line, distinct_configs, estimate_grid
+from sweeps.grid import (
+    SweepError,
+    grid_key,
+    launched_cells,
+    plan_cells,
+    plan_where_it_runs,
+    read_request,
+    sweep_dir_for,
+    sweep_key,
+)
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.launchers import LaunchError
@@ -82,9 +96,14 @@ def run_sweep(
     command: str | None = None,
     detach: bool = False,
     only: Callable[[Cell], bool] | None = None,
+    yes: bool = False,
+    stdin: TextIO | None = None,
 ) -> int:
-    """Run the grid ``name``; 0 when every cell finished, 1 when one failed or was stopped, 130 on
-    Ctrl-C. ``detach``: submit the cells to the batch scheduler and return 0 at once.
+    """Run the grid ``name``; 0 when every cell finished, 1 when one failed or was stopped (or a
+    big grid was not confirmed), 130 on Ctrl-C. ``detach``: submit the cells to the batch scheduler
+    and return 0 at once. The cell count and the estimated cost come first, before any cell is
+    planned; more than :data:`~sweeps.estimate.LARGE_GRID` cells start only with ``yes`` or the
+    answer ``y`` on ``stdin`` (default: sys.stdin) when it is a terminal (sweeps/estimate.py).
     ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``).
     ``only``: the cells to run (a sub-grid, with its own key and parent run: a stage of ``seeds=auto``).
     ``seeds=auto`` goes to the stage driver of the results layer (:func:`results_driver`)."""
@@ -99,7 +118,15 @@ def run_sweep(
         raise SweepError(f"--detach needs a grid on a batch scheduler (launcher=slurm); {what}")
     if base.search.n_trials > 0:
         return run_search_sweep(name, base, cell_overrides, launch, dry_run, out, command)
-    cells, plans = grid_cells(name, cell_overrides, launch)  # every cell checked before compute
+    cells = launched_cells(name, cell_overrides, launch)
+    if only is None:  # (a stage of seeds=auto is part of a grid whose driver sized it)
+        configs = distinct_configs(cells)
+        print(count_line(name, configs), file=out, flush=True)
+        print(f"{name}: {estimate_grid(configs).describe()}", file=out, flush=True)
+        if not dry_run and not confirmed(len(cells), yes, stdin or sys.stdin, out):
+            print(f"{name}: not started", file=out)
+            return 1
+    plans = plan_cells(cells, launch)  # every cell checked before compute
     if only is not None:
         kept = [(c, p) for c, p in zip(cells, plans, strict=True) if only(c)]
         cells, plans = [Cell(i, c.overrides, c.label) for i, (c, _) in enumerate(kept)], [p for _, p in kept]
@@ -187,9 +214,10 @@ def results_driver(name: str) -> Callable[..., int]:
 
 
 def print_dry_run(name: str, cells: Sequence[Cell], plans: Sequence[RunPlan], out: TextIO) -> None:
-    """The grid's runs, then what each step and each run trains on (global batch, tokens per step,
-    steps, total tokens): once when every cell shares it, else after each cell."""
-    print(f"{name}: {len(cells)} runs ({sweep_description(name)})", file=out)
+    """The grid's runs (their count and cost came first), then what each step and each run trains
+    on (global batch, tokens per step, steps, total tokens): once when every cell shares it, else
+    after each cell."""
+    print(f"{name}: {sweep_description(name)}", file=out)
     budgets = [plan.budget.describe() for plan in plans]
     shared = len(set(budgets)) == 1
     for cell, plan, budget in zip(cells, plans, budgets, strict=True):
@@ -436,6 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--plan", action="store_true", help="seeds and CPU-hours each primary claim needs at 80%% power; trains nothing"
     )
+    parser.add_argument(
+        "--yes", action="store_true", help="start a grid of more than 200 cells without asking (needed off a terminal)"
+    )
     parser.add_argument("--list", action="store_true", help="list the sweeps")
     parser.add_argument(
         "--detach", action="store_true", help="launcher=slurm: submit the cells' jobs and return (see --status)"
@@ -466,7 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return (cancel_grid if args.cancel else grid_status)(args.name, args.overrides, sys.stdout)
         command = shlex.join(["mesh-sweep", *typed])
-        return run_sweep(args.name, args.overrides, dry_run=args.dry_run, command=command, detach=args.detach)
+        return run_sweep(
+            args.name, args.overrides, dry_run=args.dry_run, command=command, detach=args.detach, yes=args.yes
+        )
     except (SweepError, OverrideError, ConfigError, InputError, TrackingError, LaunchError, RunInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

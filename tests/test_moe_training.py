@@ -222,7 +222,7 @@ def test_the_moe_sweep_is_vanilla_base_anchor_and_mesh_mixtures_of_experts(tmp_p
         assert plan.run_dir.parent.name == "moe"
     out = io.StringIO()
     assert run_sweep("moe", ["seeds=3", f"runs_dir={tmp_path}"], dry_run=True, out=out) == 0
-    assert out.getvalue().startswith("moe: 12 runs") and "scheme=mesh seed=2" in out.getvalue()
+    assert out.getvalue().startswith("moe: 12 cells (4 configs x 3 seeds)") and "scheme=mesh seed=2" in out.getvalue()
     assert not (tmp_path / "mlflow.db").exists()
     (mini,) = expand_cells("moe", ["model=mini-moe", "scheme=mesh", f"runs_dir={tmp_path}"], seeds=[])
     assert plan_run(compose_config(mini.overrides)).model_config.preset == "mini-moe"

@@ -137,7 +137,7 @@ def test_dry_run_lists_the_runs_and_starts_nothing(tmp_path):
     out = io.StringIO()
     assert run_sweep("buffer_slots", ["seeds=2", f"runs_dir={tmp_path}"], dry_run=True, out=out) == 0
     text = out.getvalue()
-    assert text.startswith("buffer_slots: 8 runs")
+    assert text.startswith("buffer_slots: 8 cells (4 configs x 2 seeds)\nbuffer_slots: estimate: ")
     assert "buffer_slots=3 seed=0" in text and "buffer_slots=6 seed=1" in text
     assert text.endswith(
         "every run: global batch 16 x 128 tokens = 2,048 tokens/step; 200 steps = 409.6k tokens; LR warmup 2 steps, cosine to 10% at step 200\n"
@@ -434,7 +434,7 @@ def test_sweep_console_script_dry_run(tmp_path):
     result = subprocess.run(
         [script, "schemes", "seeds=2", "--dry-run", f"runs_dir={tmp_path}"], capture_output=True, text=True, env=env
     )
-    assert result.returncode == 0 and result.stdout.startswith("schemes: 12 runs")
+    assert result.returncode == 0 and result.stdout.startswith("schemes: 12 cells (6 configs x 2 seeds)\n")
 
 
 # --- Optuna -------------------------------------------------------------------------------------
