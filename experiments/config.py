@@ -213,6 +213,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (one graph: the loop does not recompile)
     activation_checkpointing: bool = False  # recompute each core iteration in backward
     allow_large: bool = False  # train even when the step's memory estimate exceeds what is available
+    # Train on past a non-finite loss (said in one line and tagged ``nonfinite``) instead of
+    # stopping the run FAILED as diverged; checkpoints then keep non-finite weights too.
+    allow_nonfinite: bool = False
     log_level: str | None = None  # Lightning/MLflow logging: null = warning (info under -v), info or debug
 
     DEFAULT_MAX_STEPS: ClassVar[int] = 200

@@ -37,6 +37,7 @@ RUN_INVARIANT_KEYS = (
     "compile",  # the same math, traced into one graph
     "activation_checkpointing",  # the same math, recomputed in backward
     "allow_large",  # only whether the memory check may stop the run
+    "allow_nonfinite",  # only whether a non-finite loss stops the run
     "log_level",  # what Lightning and MLflow print
     "log_every",
     "checkpoint_every",

@@ -34,13 +34,15 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
 
 
 def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
-    """A stop at the first non-finite loss (before any checkpoint of that step), checkpoints
-    every ``checkpoint_every`` steps (and ``last.ckpt``, and on SIGTERM), probes,
+    """A stop at the first non-finite loss (before any checkpoint of that step; with
+    ``allow_nonfinite`` a line and a tag instead), checkpoints every ``checkpoint_every`` steps
+    (and ``last.ckpt``, and on SIGTERM), probes,
     search pruning, and plain progress lines when stderr is not a terminal (no progress bar
     then, see :func:`build_trainer`), every ``$MESH_PROGRESS_EVERY_S`` seconds (default 30)."""
+    allowed = plan.config["allow_nonfinite"]
     callbacks: list[pl.Callback] = [
-        StopOnNonFinite(),
-        StepCheckpoint(plan.checkpoint_dir, plan.config["checkpoint_every"]),
+        StopOnNonFinite(stop=not allowed),
+        StepCheckpoint(plan.checkpoint_dir, plan.config["checkpoint_every"], check_finite=not allowed),
         *probe_callbacks(plan.config["probes"], plan.run_dir),
     ]
     if not is_terminal(sys.stderr):

@@ -7,6 +7,7 @@ Each case trains the tiny model a few steps against a real sqlite store and real
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,26 @@ def test_a_diverged_run_stops_at_that_step_failed_with_one_line(tmp_path):
     step = int(lines[0].split()[4].rstrip(":"))
     assert step < 10 and checkpoint_steps(tmp_path) == {}  # no checkpoint of diverged weights
     assert not list(tmp_path.glob("*/*/result.json"))
+
+
+def test_allow_nonfinite_trains_a_diverged_run_on_with_one_line_and_a_tag(tmp_path):
+    """The run of the diverged test fails; the same command with allow_nonfinite=true (which is not
+    part of the run's identity) takes the same run up again, says the first non-finite loss once
+    and trains to the end, its non-finite checkpoints kept."""
+    command = [MESH_TRAIN, "model=tiny", "max_steps=20", "val_every=10", "checkpoint_every=10", *SMALL]
+    command += ["optim.lr=1e30", f"runs_dir={tmp_path}"]
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and only_run(tmp_path).info.status == "FAILED", failed.stderr
+    done = subprocess.run([*command, "allow_nonfinite=true"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "allow_nonfinite=true: training on" in line]
+    assert len(said) == 1 and said[0].startswith("[mesh-train] the training loss is "), done.stderr
+    run = only_run(tmp_path)  # the same MLflow run, taken up again
+    assert run.info.status == "FINISHED" and "error" not in run.data.tags
+    assert run.data.tags["nonfinite"] == said[0].removeprefix("[mesh-train] ")
+    assert checkpoint_steps(tmp_path) == {"last.ckpt": 20, "step20.ckpt": 20}
+    (result,) = tmp_path.glob("*/*/result.json")
+    assert json.loads(result.read_text())["steps"] == 20
 
 
 def test_nan_in_validation_only_keeps_the_last_finite_checkpoint(tmp_path, compose_run, monkeypatch):
