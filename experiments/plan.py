@@ -189,6 +189,40 @@ def run_dir_for(experiment_dir: Path, model_config: ModelConfig, seed: int, dige
     return earlier[0] if earlier else folder
 
 
+@dataclass(frozen=True)
+class OtherLength:
+    """A run of the same config and seed as another one but for its length (``max_steps``)."""
+
+    run_dir: Path
+    max_steps: int
+    finished: bool
+
+
+def other_lengths(plan: RunPlan) -> list[OtherLength]:
+    """The runs in ``plan``'s experiment folder that are ``plan``'s run at another ``max_steps``, shortest
+    first (their ``config.yaml`` hashes as ``plan`` once given its ``max_steps``). A run is never extended:
+    its LR warmup and cosine decay end at its ``max_steps``, which is part of its identity, so a
+    longer run of the same config is a new run from step 0 (said by ``mesh-train``)."""
+    seed = plan.config["seed"]
+    prefix = run_key(plan.model_config, seed, "")  # ends "-s<seed>-": the hash follows
+    found = []
+    for folder in plan.run_dir.parent.glob(f"{prefix}*"):
+        if folder == plan.run_dir or not (folder / "config.yaml").is_file():
+            continue
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
+            assert isinstance(config, dict)
+            steps = config["max_steps"]
+            if steps == plan.config["max_steps"]:
+                continue
+            config["max_steps"] = plan.config["max_steps"]
+            if config_hash(config, model_config_for(config)) == plan.config_hash:
+                found.append(OtherLength(folder, int(steps), (folder / "result.json").is_file()))
+        except Exception:  # a folder of an older version or edited by hand: not this run's
+            continue
+    return sorted(found, key=lambda other: other.max_steps)
+
+
 def check_memory(
     train: TrainConfig, model_config: ModelConfig, available: int | MemoryLimit | None = None
 ) -> MemoryEstimate:

@@ -53,9 +53,32 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if plan.config["resume"] and plan.result_file.exists():
             print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
             return json.loads(plan.result_file.read_text())
+        if launched_rank() == 0:
+            _say_other_lengths(plan)
         started = time.perf_counter()
         with isolated_tracking_uri():
             return _train(plan, started)
+
+
+def _say_other_lengths(plan: RunPlan) -> None:
+    """One line when this run starts from step 0 while the same config ran to another
+    ``max_steps``: a run is not extended (its LR schedule ends at its ``max_steps``)."""
+    from experiments.plan import other_lengths
+
+    if plan.config["resume"] and any(plan.checkpoint_dir.glob("*.ckpt")):  # it resumes: not a new run
+        return
+    others = other_lengths(plan)
+    if not others:
+        return
+    said = "; ".join(
+        f"max_steps={o.max_steps} ({'finished' if o.finished else 'unfinished'}) in {o.run_dir}" for o in others
+    )
+    print(
+        f"[mesh-train] max_steps={plan.config['max_steps']} is a new run, trained from step 0: the same config ran to "
+        f"{said}; a run is never extended, as its LR warmup and cosine decay end at its max_steps",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _train(plan: RunPlan, started: float) -> dict[str, Any]:

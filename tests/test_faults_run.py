@@ -23,6 +23,9 @@ import mlflow
 import pytest
 import torch
 
+from experiments.compose import compose_config
+from experiments.plan import OtherLength, other_lengths, plan_run
+
 MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
 # 40 steps, a checkpoint every 10 and a validation every 20: a stop after a checkpoint leaves work to
 # redo, and a run resumes both from a step that validated (20) and from one that did not (10).
@@ -248,6 +251,37 @@ def test_a_deleted_mlflow_run_answers_in_one_line_and_resume_false_starts_over(t
     assert fresh.returncode == 0, fresh.stderr
     status, _, histories = record(tmp_path)
     assert status == "FINISHED" and [s for s, _ in histories["train/loss"]][0] == 4
+
+
+def test_a_finished_run_asked_for_more_steps_says_it_is_a_new_run_from_step_0(tmp_path):
+    """max_steps is part of a run (its LR schedule ends there): a longer run of the same config is a
+    run of its own, and the line says so, naming the finished one, which is left as it was."""
+    short = ("max_steps=4", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
+    first = run(tmp_path, *short, "data.val_batches=1")
+    assert first.returncode == 0, first.stderr
+    first_dir = run_dir(tmp_path)
+    kept = (first_dir / "result.json").read_bytes()
+    longer = run(tmp_path, *short, "data.val_batches=1", "max_steps=8")
+    assert longer.returncode == 0, longer.stderr
+    assert [line for line in longer.stderr.splitlines() if "new run" in line] == [
+        f"[mesh-train] max_steps=8 is a new run, trained from step 0: the same config ran to max_steps=4 (finished) "
+        f"in {first_dir}; a run is never extended, as its LR warmup and cosine decay end at its max_steps"
+    ]
+    (second_dir,) = [Path(p) for p in glob.glob(str(tmp_path / "mesh" / "tiny-*")) if Path(p) != first_dir]
+    assert json.loads((second_dir / "result.json").read_text())["steps"] == 8
+    assert (first_dir / "result.json").read_bytes() == kept
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("mesh").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+
+    def others(*overrides: str) -> list[OtherLength]:
+        return other_lengths(
+            plan_run(compose_config([*RUN, *short, "data.val_batches=1", f"runs_dir={tmp_path}", *overrides]))
+        )
+
+    assert others("max_steps=12") == [OtherLength(first_dir, 4, True), OtherLength(second_dir, 8, True)]
+    assert others("max_steps=12", "seed=1") == [] and others("max_steps=12", "optim.lr=0.01") == []
+    assert others("max_steps=8") == [OtherLength(first_dir, 4, True)]  # itself left out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
