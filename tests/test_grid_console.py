@@ -19,15 +19,22 @@ from experiments.compose import compose_config
 from experiments.console import PROGRESS_ENV, duration
 from experiments.plan import plan_run
 from experiments.tracking import (
+    GROUPED_VIEW,
     KEY_METRICS_VIEW,
     NOTE_TAG,
+    ROW_TAG,
+    RUN_COLOR_TAG,
     SHARED_VIEW_TAG,
     TAG_VALUE_LIMIT,
+    grouped_view,
     key_metrics_view,
+    run_url,
     runs_list_url,
     set_run_description,
+    write_grouped_view,
     write_key_metrics_view,
 )
+from sweeps.cells import STATUSES
 from sweeps.grid import expand_cells
 from sweeps.sweep import run_sweep
 
@@ -49,6 +56,21 @@ def test_runs_list_url_opens_the_runs_table_of_a_server_or_says_how_to_serve_a_l
     assert then == f"http://127.0.0.1:5000/{page}"
 
 
+def test_the_mlflow_ui_command_is_quoted_for_a_shell_where_the_store_path_has_spaces():
+    store = "sqlite:////data/my runs/it's here/mlflow.db"
+    command, _ = runs_list_url(store, "7").split(", then open ")
+    words = shlex.split(command)
+    assert words[1:] == ["ui", "--backend-store-uri", store] and Path(words[0]).name == "mlflow"
+
+
+def test_a_run_link_opens_the_runs_page_in_machine_learning_mode():
+    assert run_url("http://mlflow.lab:5000/", "7", "abc") == (
+        "http://mlflow.lab:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
+    )
+    local = "http://127.0.0.1:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
+    assert run_url("sqlite:////data/runs/mlflow.db", "7", "abc") == local
+
+
 def test_the_installed_mlflow_ui_reads_the_runs_page_and_workflow_type_of_that_url():
     """The URL's shape is MLflow's client-side routing: read in the UI bundle that ships with the
     installed MLflow, so an upgrade that changes it fails here."""
@@ -67,8 +89,9 @@ def test_runs_list_url_opens_a_shared_view_when_given_one():
 def test_the_key_metrics_view_lists_runs_flat_by_val_loss_and_puts_validation_sections_first(tmp_path):
     view = key_metrics_view(["shakespeare", "kjv", "shakespeare"])
     assert (view["orderByKey"], view["orderByAsc"]) == ("metrics.`val_loss`", True)
-    assert [s["name"] for s in view["compareRunSections"]] == ["val/shakespeare", "val/kjv", "train", "Model metrics"]
-    assert view["isAccordionReordered"] is True and view["compareRunCharts"] == []
+    names = [s["name"] for s in view["compareRunSections"]]
+    assert names == ["val/shakespeare", "val/kjv", "train", "Speed", "Model metrics"]
+    assert view["isAccordionReordered"] is True and "groupBy" not in view
     assert view["selectedColumns"][:4] == [
         "metrics.`val/shakespeare/ppl`",
         "metrics.`val/kjv/ppl`",
@@ -80,6 +103,56 @@ def test_the_key_metrics_view_lists_runs_flat_by_val_loss_and_puts_validation_se
     assert write_key_metrics_view(client, experiment_id, ["shakespeare"]) == KEY_METRICS_VIEW
     stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + KEY_METRICS_VIEW]
     assert json.loads(stored) == key_metrics_view(["shakespeare"])
+
+
+def test_the_views_chart_speed_in_its_own_section_and_no_bookkeeping_metric():
+    """train/tokens_per_s sits in the Speed section; the metrics that say how a run or grid was set
+    up (the parent's cells_<status> for every status a cell can end in, epoch, global_batch...) have
+    a deleted chart, which the UI keeps instead of generating one."""
+    for view in (key_metrics_view(["shakespeare"]), grouped_view(["shakespeare"], "scheme")):
+        sections = {s["name"]: s["uuid"] for s in view["compareRunSections"]}
+        charts = {c["metricKey"]: c for c in view["compareRunCharts"]}
+        speed = {m for m, c in charts.items() if c["metricSectionId"] == sections["Speed"] and not c["deleted"]}
+        assert speed == {"train/tokens_per_s", "time/steps_per_s"}
+        hidden = {m for m, c in charts.items() if c["deleted"]}
+        assert {"epoch", "global_batch", "flops_per_token", "cells_failed", "cells_pruned"} <= hidden
+        assert {f"cells_{status.lower()}" for status in STATUSES} <= hidden
+        assert not hidden & {"val_loss", "lr", "train/loss", "val/shakespeare/ppl", "params_non_embedding"}
+        assert all(c["type"] == "LINE" and c["uuid"] for c in charts.values())
+
+
+def test_the_views_filters_select_the_training_runs_and_the_grouped_one_its_finished_runs(tmp_path):
+    """The search filter of each view, run by the store: the sweep's parent run (no seed tag) is in
+    neither; the grouped view averages finished runs only."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("filters")
+    parent = client.create_run(experiment_id, tags={"kind": "sweep"}).info.run_id
+    finished = [client.create_run(experiment_id, tags={"seed": str(s), "scheme": "mesh"}).info.run_id for s in (0, 1)]
+    running = client.create_run(experiment_id, tags={"seed": "2", "scheme": "mesh"}).info.run_id
+    for run_id in (parent, *finished):
+        client.set_terminated(run_id, "FINISHED")
+
+    def selected(view: dict) -> set[str]:
+        return {r.info.run_id for r in client.search_runs([experiment_id], view["searchFilter"])}
+
+    assert selected(key_metrics_view(["shakespeare"])) == {*finished, running}
+    assert selected(grouped_view(["shakespeare"], "scheme")) == set(finished)
+
+
+def test_the_grouped_view_folds_seeds_by_the_given_tag_ranked_by_validation_ppl(tmp_path):
+    view = grouped_view(["shakespeare", "kjv"], "scheme")
+    groups = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "scheme"}]}
+    assert view["groupBy"] == groups
+    assert (view["orderByKey"], view["orderByAsc"]) == ("metrics.`val/shakespeare/ppl`", True)
+    assert view["useGroupedValuesInCharts"] is False  # each seed drawn, in its scheme's colour
+    by_row = grouped_view(["shakespeare"], ROW_TAG)
+    assert by_row["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "row"}]
+    assert by_row["selectedColumns"][-1] == "tags.`row`"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("views")
+    assert write_grouped_view(client, experiment_id, ["shakespeare"], "scheme") == GROUPED_VIEW
+    stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW]
+    assert json.loads(stored) == grouped_view(["shakespeare"], "scheme")
 
 
 def test_the_installed_mlflow_ui_reads_a_shared_view_from_that_tag_as_plain_json():
@@ -102,6 +175,25 @@ def test_the_installed_mlflow_ui_reads_a_shared_view_from_that_tag_as_plain_json
     assert 'q="Model metrics"' in bundle
     # updateChartAndSectionConfigs sorts the sections by name only when the accordion was not reordered
     assert "!n){const e=v.filter(e=>e.name!==i.NN&&e.name!==i.rx);e.sort((e,t)=>e.name.localeCompare(t.name))" in bundle
+
+
+def test_the_installed_mlflow_ui_shares_grouping_search_filter_and_listed_charts_as_the_views_use_them():
+    """What the views rely on, read in the UI bundle of the installed MLflow: the grouping fields
+    and values, the search filter among the shared facets, the run colour tag, a chart listed for a
+    metric kept (not generated again) and a deleted one not drawn, and the run page's route."""
+    build = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    bundle = "".join(path.read_text(errors="replace") for path in build.glob("*.js"))
+    for field in ("groupBy", "useGroupedValuesInCharts"):
+        assert f'"{field}"' in bundle, field
+    assert 'Dataset="dataset",e.Tag="tag",e.Param="param"' in bundle  # RunGroupingMode
+    assert 'e.Min="min",e.Average="average",e.Max="max"' in bundle  # RunGroupingAggregateFunction
+    assert '["searchFilter","orderByKey","orderByAsc",' in bundle  # the facets a shared view sets
+    assert f'T="{RUN_COLOR_TAG}"' in bundle
+    assert 'e.BAR="BAR",e.LINE="LINE"' in bundle and 'e.STEP="step"' in bundle
+    # a metric with a listed chart (found by its metricKey) keeps that chart, its section and deleted flag
+    assert "x.forEach(e=>{const t=m.findIndex(t=>{const n=t.metricKey;return!!n&&n===e})>=0" in bundle
+    assert "l.filter(e=>!e.deleted)" in bundle
+    assert '"/experiments/:experimentId/runs/:runUuid"' in bundle
 
 
 def test_a_description_longer_than_mlflows_limit_is_cut_at_a_line_end(tmp_path):
