@@ -150,10 +150,8 @@ def run_name(model_config: ModelConfig, seed: int) -> str:
 def model_params(model_config: ModelConfig) -> dict[str, str]:
     """The resolved model as MLflow params, ``model_config.<field>``: ``scheme`` is the variant
     (``vanilla`` for the plain model, whose ``layout`` is its depth) and ``buffer_slots`` MeSH's
-    effective B (empty for the other schemes)."""
-    fields = {
-        **model_config.to_dict(),
-        "scheme": model_config.variant,
-        "buffer_slots": model_config.slots if model_config.slots is not None else "",
-    }
-    return {f"model_config.{key}": str(value) for key, value in fields.items()}
+    effective B (empty for the other schemes); and the config key ``buffer_slots`` at that value too,
+    not the ``None`` that leaves B to its default (K+3), so the param reads as the run's tag does."""
+    slots = str(model_config.slots) if model_config.slots is not None else ""
+    fields = {**model_config.to_dict(), "scheme": model_config.variant, "buffer_slots": slots}
+    return {"buffer_slots": slots, **{f"model_config.{key}": str(value) for key, value in fields.items()}}

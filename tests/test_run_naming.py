@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from experiments.plan import RunPlan, plan_run
 from experiments.train import _open_record, _run_facts
 from mesh_model import build_model
+from mesh_model.probe_plots import scheme_color
 from results.aggregate import aggregate
 from results.collect import collect_runs
 
@@ -44,7 +45,8 @@ def test_vanilla_runs_are_vanilla_in_mlflow(runs_dir, compose_run):
     assert run.info.run_name == "vanilla s0 · tiny 6"
     params, tags = run.data.params, run.data.tags
     assert params["model_config.scheme"] == "vanilla" and params["model_config.layout"] == "6"
-    assert params["model_config.buffer_slots"] == "" and tags["buffer_slots"] == ""
+    assert params["model_config.buffer_slots"] == params["buffer_slots"] == "" == tags["buffer_slots"]
+    assert tags["mlflow.runColor"] == scheme_color("vanilla")  # the report's colour, from its first chart
     assert params["scheme"] == "vanilla" and tags["scheme"] == "vanilla"
     assert Path(tags["run_dir"]).name == f"tiny-6-vanilla-s0-{tags['config_hash'][:8]}"
 
@@ -52,6 +54,19 @@ def test_vanilla_runs_are_vanilla_in_mlflow(runs_dir, compose_run):
 def test_a_run_name_set_in_the_config_wins(runs_dir, compose_run):
     _, run = open_without_training(runs_dir, compose_run, "scheme=mesh", "tracking.run_name=my-try")
     assert run.info.run_name == "my-try" and run.data.params["model_config.buffer_slots"] == "5"
+
+
+def test_a_mesh_run_logs_its_resolved_buffer_slots_and_its_schemes_colour(tmp_path, compose_run):
+    """The config leaves B to its default (None, K+3): the param says 5, as the tag does, and the run
+    is drawn in MeSH's colour of the report's figures."""
+    plan, run = open_without_training(tmp_path, compose_run, "scheme=mesh", "tracking.experiment=slots")
+    assert plan.config["buffer_slots"] is None
+    assert run.data.params["buffer_slots"] == "5" == run.data.tags["buffer_slots"]
+    assert run.data.tags["mlflow.runColor"] == scheme_color("mesh") == "#d62728"
+    _, set_b = open_without_training(
+        tmp_path, compose_run, "scheme=mesh", "buffer_slots=3", "tracking.experiment=slots"
+    )
+    assert set_b.data.params["buffer_slots"] == "3" == set_b.data.tags["buffer_slots"]
 
 
 def finish(client: mlflow.MlflowClient, run_id: str, loss: float) -> None:
