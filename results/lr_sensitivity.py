@@ -1,0 +1,210 @@
+"""Learning-rate sensitivity: each variant's validation PPL at every peak LR it was run at, its best LR.
+
+A grid that varies the peak LR (``mesh-sweep lr``) gives rows that differ by LR alone. They are
+regrouped here by variant (the row's label without the LR), so a report can say which LR each
+variant got and show the curve, and the comparison that follows can run every variant at its own
+best LR (``optim.lr_by_scheme``) rather than at one LR that may suit some schemes more than others.
+
+The best LR is the one with the lowest mean over seeds. Its lead over the next LR is reported in %
+of PPL, a description rather than a test (the LRs were chosen, not sampled); a best LR at the edge
+of the values tried is flagged, since the optimum may lie beyond it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mesh_model.probe_plots import _figure, _save, scheme_color
+from results.aggregate import Results, Row
+
+LR_PARAM = "peak_lr"  # the LR a run trained at, logged whatever set it (optim.lr, the preset, lr_by_scheme)
+_LR_OVERRIDE = re.compile(r"\s*\b(optim\.lr|optim\.lr_by_scheme|peak_lr)=\S+")
+
+
+@dataclass(frozen=True)
+class LrPoint:
+    lr: float
+    row: Row
+
+    def ppl(self, metric: str) -> tuple[float, float | None, int]:
+        stat = self.row.stats[metric]
+        return stat.mean, stat.std, stat.n
+
+
+@dataclass(frozen=True)
+class LrCurve:
+    """One variant (scheme, layout, B, other overrides) at each LR, in increasing LR."""
+
+    variant: str
+    scheme: str
+    block: str
+    points: tuple[LrPoint, ...]
+    metric: str
+
+    @property
+    def best(self) -> LrPoint:
+        return min(self.points, key=lambda p: p.row.stats[self.metric].mean)
+
+    @property
+    def at_edge(self) -> bool:
+        return len(self.points) > 2 and self.best.lr in (self.points[0].lr, self.points[-1].lr)
+
+    @property
+    def lead_pct(self) -> float | None:
+        """How much lower (in % of PPL) the best LR's mean is than the next best's."""
+        means = sorted(p.row.stats[self.metric].mean for p in self.points)
+        return None if len(means) < 2 else 100.0 * (means[1] / means[0] - 1.0)
+
+
+def run_lr(results: Results, row: Row) -> float | None:
+    """The peak LR of ``row``'s runs, when they logged one and agree on it."""
+    runs = results.runs[results.runs["run_id"].isin(row.run_ids)]
+    values = set()
+    for params in runs.get("params", pd.Series(dtype=object)):
+        if not isinstance(params, dict) or params.get(LR_PARAM) in (None, "None", ""):
+            return None
+        values.add(float(params[LR_PARAM]))
+    return values.pop() if len(values) == 1 else None
+
+
+def lr_curves(results: Results) -> list[LrCurve]:
+    """The variants run at two or more LRs, in the report's block and row order; empty otherwise."""
+    metric = results.ppl_metric
+    curves = []
+    for block in results.blocks:
+        variants: dict[str, list[LrPoint]] = {}
+        schemes: dict[str, str] = {}
+        for row in block.rows:
+            lr = run_lr(results, row)
+            if lr is None or metric not in row.stats:
+                continue
+            variant = _LR_OVERRIDE.sub("", row.label).strip()
+            variants.setdefault(variant, []).append(LrPoint(lr, row))
+            schemes[variant] = row.scheme
+        for variant, points in variants.items():
+            if len({p.lr for p in points}) >= 2:
+                ordered = tuple(sorted(points, key=lambda p: p.lr))
+                curves.append(LrCurve(variant, schemes[variant], block.name, ordered, metric))
+    return curves
+
+
+def best_lrs(results: Results) -> dict[str, float]:
+    """variant -> its best peak LR, for every variant run at two or more LRs."""
+    return {curve.variant: curve.best.lr for curve in lr_curves(results)}
+
+
+def lr_frame(curves: list[LrCurve]) -> pd.DataFrame:
+    """One line per (variant, LR): mean, sd and n of the PPL, and whether it is the variant's best."""
+    records = []
+    for curve in curves:
+        best = curve.best.lr
+        for point in curve.points:
+            mean, std, n = point.ppl(curve.metric)
+            records.append(
+                {
+                    "block": curve.block,
+                    "variant": curve.variant,
+                    "scheme": curve.scheme,
+                    "lr": point.lr,
+                    f"{curve.metric}_mean": mean,
+                    f"{curve.metric}_std": std,
+                    "n": n,
+                    "best": point.lr == best,
+                }
+            )
+    return pd.DataFrame.from_records(records)
+
+
+def _lr_text(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-") if lr < 0.01 else f"{lr:g}"
+
+
+def lr_markdown(curves: list[LrCurve], metric_label: str) -> list[str]:
+    """The report's learning-rate section: one table (variants x LRs) and each variant's best LR."""
+    if not curves:
+        return []
+    lrs = sorted({p.lr for c in curves for p in c.points})
+    lines = [
+        "## Learning rate",
+        "",
+        f"{metric_label} at each peak LR (mean ± sd over seeds, n); **bold**: the variant's best LR, the one "
+        "its comparison with the others should use. The lead is how much lower the best mean is than the next "
+        "LR's, a description, not a test.",
+        "",
+        "| variant | " + " | ".join(_lr_text(lr) for lr in lrs) + " | best LR | lead |",
+        "|---|" + "---:|" * (len(lrs) + 2),
+    ]
+    for curve in curves:
+        cells = []
+        by_lr = {p.lr: p for p in curve.points}
+        for lr in lrs:
+            point = by_lr.get(lr)
+            if point is None:
+                cells.append("—")
+                continue
+            mean, std, n = point.ppl(curve.metric)
+            text = f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "") + f" (n={n})"
+            cells.append(f"**{text}**" if lr == curve.best.lr else text)
+        lead = curve.lead_pct
+        best = _lr_text(curve.best.lr) + (" (edge of the range tried)" if curve.at_edge else "")
+        lead_text = "—" if lead is None else f"{lead:.1f}%"
+        lines.append(f"| {curve.variant} | " + " | ".join(cells) + f" | {best} | {lead_text} |")
+    edge = [c.variant for c in curves if c.at_edge]
+    if edge:
+        lines += [
+            "",
+            f"Best at the edge of the LRs tried: {', '.join(edge)}; the optimum may lie beyond, so widen the range "
+            "before reading their comparison as settled.",
+        ]
+    return lines + [""]
+
+
+def lr_figure(curves: list[LrCurve], metric_label: str) -> Any | None:
+    """One panel per block: x the peak LR (log), y the PPL; each seed a dot, the mean a line, in the
+    scheme's colour; the best LR of each variant ringed."""
+    if not curves:
+        return None
+    blocks = list(dict.fromkeys(c.block for c in curves))
+    fig, axes = _figure(0.5 + 6.0 * len(blocks), 4.2, ncols=len(blocks))
+    for ax, block in zip(axes, blocks, strict=True):
+        for curve in (c for c in curves if c.block == block):
+            color = scheme_color(curve.scheme)
+            xs = [p.lr for p in curve.points]
+            ax.plot(xs, [p.ppl(curve.metric)[0] for p in curve.points], "-", color=color, label=curve.variant)
+            for point in curve.points:
+                values = point.row.stats[curve.metric].values
+                ax.plot([point.lr] * len(values), values, "o", color=color, alpha=0.45, markersize=4)
+            best = curve.best
+            ax.plot(best.lr, best.ppl(curve.metric)[0], "o", mfc="none", mec=color, markersize=11, mew=1.5)
+        ax.set_xscale("log")
+        lrs = sorted({p.lr for c in curves if c.block == block for p in c.points})
+        ax.set_xticks(lrs, [_lr_text(lr) for lr in lrs])
+        ax.minorticks_off()
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel(metric_label)
+        ax.set_title(block)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def write_lr_sensitivity(results: Results, out: Path, figures: Path) -> tuple[list[str], list[Path]]:
+    """``lr.csv`` in ``out`` and the figure in ``figures``; returns (the report's lines, the paths
+    written). Nothing when no variant was run at two or more LRs."""
+    curves = lr_curves(results)
+    if not curves:
+        return [], []
+    frame = lr_frame(curves)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "lr.csv", index=False)
+    fig = lr_figure(curves, results.metric_label)
+    paths = [out / "lr.csv", *_save(fig, figures, "lr_sensitivity")]
+    lines = lr_markdown(curves, results.metric_label)
+    png = next(p for p in paths if p.suffix == ".png")
+    lines[-1:-1] = ["", f"![{results.metric_label} against the peak LR]({png.relative_to(out).as_posix()})"]
+    return lines, paths
