@@ -85,6 +85,28 @@ def _label_items(label: str) -> list[str]:
     return items
 
 
+def _stored_run(client: Any, id_file: Path, tracking_uri: str) -> Any:
+    """The parent run ``id_file`` names, or None when there is none yet, or when the store no
+    longer holds it (a damaged store set aside by ``tracking.rebuild_store=true``, or another
+    store): then a new parent is made, and a line says so."""
+    from mlflow.exceptions import MlflowException
+
+    if not id_file.exists():
+        return None
+    run_id = id_file.read_text().strip()
+    try:
+        return client.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    print(
+        f"[mesh-sweep] the grid's parent run {run_id} is not in the store {tracking_uri} (set aside or replaced): "
+        "a new parent run takes its place",
+        file=sys.stderr,
+    )
+    return None
+
+
 @dataclass
 class ParentRun:
     """An open parent run. ``earlier`` counts the cells finished before this invocation that no
@@ -118,12 +140,12 @@ class ParentRun:
         import mlflow
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        prepare_sqlite_store(plan.tracking_uri)
+        prepare_sqlite_store(plan.tracking_uri, rebuild=plan.config["tracking"]["rebuild_store"])
         client = mlflow.MlflowClient(plan.tracking_uri)
         id_file = sweep_dir / ID_FILE
-        if id_file.exists():
-            run_id = id_file.read_text().strip()
-            run = client.get_run(run_id)
+        run = _stored_run(client, id_file, plan.tracking_uri)
+        if run is not None:
+            run_id = run.info.run_id
             reopen_run(client, run_id, run.data.tags)
             if DETACHED_TAG in run.data.tags:  # each invocation says for itself whether it waits
                 client.delete_tag(run_id, DETACHED_TAG)

@@ -271,6 +271,48 @@ def test_bad_launch_inputs_are_refused_in_one_line_before_anything_is_logged(tmp
         assert not (folder / "runs").exists() and not list(folder.rglob("mlflow.db")), arguments
 
 
+@pytest.mark.slow
+def test_rebuild_store_given_to_a_grid_reaches_its_parent_run_too(tmp_path, cell):
+    """A damaged store with a grid's runs in it: tracking.rebuild_store=true on the next grid sets it
+    aside once (the parent run opens the store before any cell) and the grid runs into a new store;
+    a grid whose parent was in the old store gets a new parent, saying so."""
+    runs_dir = tmp_path / "runs"
+    db = runs_dir / "mlflow.db"
+
+    def sweep(*arguments: str) -> subprocess.CompletedProcess:
+        command = [str(BIN / "mesh-sweep"), "schemes", "launcher=local", *cell(4, 4), f"runs_dir={runs_dir}"]
+        return subprocess.run(
+            [*command, *arguments], cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=600
+        )
+
+    first = sweep("scheme=base")
+    assert first.returncode == 0, first.stderr
+    (old_parent,) = [f.read_text() for f in runs_dir.glob("schemes/sweeps/*/parent_run_id")]  # (store unopened here)
+    db.write_bytes(db.read_bytes()[: db.stat().st_size // 2])
+    damaged = db.read_bytes()
+
+    rebuilt = sweep("scheme=base,mesh", "tracking.rebuild_store=true")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    (aside,) = [p for p in runs_dir.glob("mlflow.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert aside.read_bytes() == damaged
+    (said,) = [line for line in rebuilt.stderr.splitlines() if "created anew" in line]
+    assert said.startswith(f"[mesh] the MLflow store {db} cannot be opened (")
+    assert said.endswith(f"; tracking.rebuild_store=true; moved to {aside.name}, created anew")
+    ((parent,), (trained,)) = store(runs_dir)
+    assert parent.info.status == "FINISHED" and trained.info.status == "FINISHED"
+    assert parent.data.metrics["cells_skipped"] == 1 and parent.data.metrics["cells_finished"] == 1
+    assert trained.data.tags["scheme"] == "mesh"
+
+    again = sweep("scheme=base")  # the first grid: its parent run was in the store set aside
+    assert again.returncode == 0, again.stderr
+    assert [line for line in again.stderr.splitlines() if "parent run" in line] == [
+        f"[mesh-sweep] the grid's parent run {old_parent} is not in the store sqlite:///{db} "
+        "(set aside or replaced): a new parent run takes its place"
+    ]
+    parents, _ = store(runs_dir)
+    assert len(parents) == 2 and {p.info.status for p in parents} == {"FINISHED"}
+
+
 def _finished_run(client, experiment_id, name: str, seed: int, config_hash: str, loss: float, end_time: int) -> str:
     tags = {"scheme": "base", "layout": "1+2R2+1", "preset": "tiny", "buffer_slots": "", "seed": str(seed)}
     run = client.create_run(experiment_id, tags={**tags, "config_hash": config_hash}, run_name=name)
