@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("results") / label
     start = time.perf_counter()
     quiet_libraries()
-    from experiments.tracking import runs_list_url
+    from experiments.tracking import KEY_METRICS_VIEW, runs_list_url
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
     try:
@@ -79,15 +79,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{output.report} ({time.perf_counter() - start:.1f}s)"
     )
     if output.published:
-        ids = ", ".join(output.published)
+        pages = ", ".join(output.published_pages or output.published)
         if output.published_to == ARTIFACT_DIR:
-            print(f"[mesh-results] the table, the claims and the report are on the sweep's parent run in MLflow: {ids}")
+            print(f"[mesh-results] the ranking, the claims and the report are on the sweep's parent run: {pages}")
         else:  # a report over several experiments: beside each grid's own report
             print(
-                f"[mesh-results] the report is in the artifacts of the sweeps' parent runs, {output.published_to}/: {ids}"
+                f"[mesh-results] the report is in the artifacts of the sweeps' parent runs, {output.published_to}/: {pages}"
             )
     for name, experiment_id in output.experiment_ids.items():
         print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id, output.view)}")
+    if output.experiment_ids and output.view:
+        print(f"[mesh-results] (seeds grouped; every run in one list: viewStateShareKey={KEY_METRICS_VIEW})")
     return 0
 
 

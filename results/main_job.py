@@ -36,7 +36,7 @@ def main_job_arguments(steps: int, seeds: int, runs_dir: str | Path, extra: Sequ
 def run_main_job(
     steps: int = 400, seeds: int = 2, runs_dir: str = "runs", out: str | None = None, extra: Sequence[str] = ()
 ) -> int:
-    from experiments.tracking import runs_list_url
+    from experiments.tracking import KEY_METRICS_VIEW, runs_list_url
     from results.report import build_report
     from sweeps.sweep import grid_command, run_sweep
 
@@ -51,9 +51,9 @@ def run_main_job(
     print(f"Report:  {out_dir / 'report.md'} (tables, figures and probes; table.tex and table.csv beside it)")
     print(f"Claims:  {out_dir / 'claims.md'} (each claim of the paper these runs can test, with its verdict)")
     print(f"MLflow:  {runs_list_url(store, output.experiment_ids[SWEEP], output.view)}")
-    print(
-        "         (experiment 'schemes': one parent run, whose description holds the table and the claims, and one child run per cell)"
-    )
+    print(f"         (seeds grouped by scheme; every run in one list: viewStateShareKey={KEY_METRICS_VIEW})")
+    for page in output.published_pages:
+        print(f"Parent:  {page} (its description: the ranking, the claims and the table)")
     print(f"Status:  {grid_command(SWEEP, arguments, '--status')}")
     print(f"Seeds:   mesh-demo --seeds {seeds + 1} adds seed {seeds} to every scheme (what finished is kept)")
     return sweep_status

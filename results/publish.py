@@ -1,27 +1,36 @@
-"""Put a report where the grid is looked at: on the MLflow parent run of every sweep it tabulates.
+"""Put a report where the grid is looked at: on the MLflow parent run of every sweep it tabulates,
+and on the runs themselves.
 
-The parent run's description (MLflow's run note, rendered as Markdown
-on the run page) becomes the results table and the verdicts on the paper's claims; the report
-folder (``report.md``, tables, ``claims.md``, figures) is logged as the parent's artifacts under
-``report/``. A sweep's parent is found through its cell runs (tag ``mlflow.parentRunId``), so a
-report that reads only some of a grid's cells still lands on its parent. Re-running
+The parent run's description (MLflow's run note, rendered as Markdown on the run page) becomes the
+ranking (:mod:`results.ranking`), the verdicts on the paper's claims and the results table; the
+report folder (``report.md``, tables, ``claims.md``, figures) is logged as the parent's artifacts
+under ``report/``. A sweep's parent is found through its cell runs (tag ``mlflow.parentRunId``), so
+a report that reads only some of a grid's cells still lands on its parent. Re-running
 ``mesh-results`` replaces the note and the files.
 
 A report over several experiments (``mesh-results schemes,schemes_k3``) lands on each of their
 parents under ``reports/<label>/`` and leaves their notes and ``report/`` alone: a grid's parent
 keeps describing that grid, whatever combined reports it also took part in.
+
+Every run read gets its scheme's colour in the UI's charts (``mlflow.runColor``, the figures'
+palette) and every finished run its row (tag ``row``: the config without the seed), which the
+experiment's grouped view (:func:`experiments.tracking.grouped_view`) folds seeds by where the grid
+has axes besides the scheme (:func:`group_key`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+from mlflow.entities import RunTag
+
+from experiments.tracking import ROW_TAG, RUN_COLOR_TAG, fit_tag_value, run_color, set_run_description
 from experiments.tracking import TAG_VALUE_LIMIT as NOTE_LIMIT
-from experiments.tracking import fit_tag_value, set_run_description
 
 ARTIFACT_DIR = "report"
 SHARED_ARTIFACT_DIR = "reports"  # reports/<label>/: a report over several experiments
@@ -43,20 +52,26 @@ def sweep_parents(client: Any, experiment_ids: Iterable[str], run_ids: Iterable[
     return found
 
 
-def report_note(label: str, table_md: str, claims_md: str | None, when: datetime | None = None) -> str:
-    """The parent's description: the results table, then the claims' summary table; shortened to
-    MLflow's limit by leaving out the claims first, then the end of the results table."""
+def report_note(
+    label: str, table_md: str, claims_md: str | None, when: datetime | None = None, ranking: Sequence[str] = ()
+) -> str:
+    """The parent's description: the ranking, a line saying where the whole report is, the claims'
+    summary table, then the results table; cut at a line end to MLflow's limit (the table goes
+    first)."""
     stamp = (when or datetime.now()).strftime("%Y-%m-%d %H:%M")
     head = (
         f"**Results: `mesh-results {label}`**, {stamp}. The whole report (tables, claims with their tests, "
-        f"figures, probes) is in this run's artifacts under `{ARTIFACT_DIR}/` (`{ARTIFACT_DIR}/report.md`).\n\n"
+        f"figures, probes, methods) is in this run's artifacts under `{ARTIFACT_DIR}/` (`{ARTIFACT_DIR}/report.md`)."
     )
-    table = table_md.strip()
     claims = _claims_summary(claims_md) if claims_md else ""
-    note = head + table + (f"\n\n### The paper's claims\n\n{claims}" if claims else "")
-    if len(note) <= NOTE_LIMIT:
-        return note
-    return fit_tag_value(head + table, f"*(cut to MLflow's {NOTE_LIMIT} characters: see `{ARTIFACT_DIR}/table.md`)*")
+    parts = [
+        "\n".join(ranking).strip(),
+        head,
+        f"### The paper's claims\n\n{claims}" if claims else "",
+        table_md.strip(),
+    ]
+    note = "\n\n".join(part for part in parts if part)
+    return fit_tag_value(note, f"*(cut to MLflow's {NOTE_LIMIT} characters: see `{ARTIFACT_DIR}/report.md`)*")
 
 
 def _claims_summary(claims_md: str) -> str:
@@ -85,15 +100,17 @@ def artifact_dir(label: str, shared: bool) -> str:
     return f"{SHARED_ARTIFACT_DIR}/{re.sub(r'[^A-Za-z0-9_.-]+', '_', label) or 'report'}"
 
 
-def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: str, shared: bool = False) -> list[str]:
+def publish_report(
+    client: Any, parents: Iterable[str], out_dir: Path, label: str, shared: bool = False, ranking: Sequence[str] = ()
+) -> list[str]:
     """Log ``out_dir`` as each parent's artifacts (:func:`artifact_dir`) and, unless ``shared``
-    (the report spans several experiments), set each parent's note from its ``table.md`` and
-    ``claims.md``; returns the parents written."""
+    (the report spans several experiments), set each parent's note from the ``ranking`` lines,
+    ``table.md`` and ``claims.md``; returns the parents written."""
     note = None
     if not shared:
         table = (out_dir / "table.md").read_text() if (out_dir / "table.md").exists() else ""
         claims = (out_dir / "claims.md").read_text() if (out_dir / "claims.md").exists() else None
-        note = report_note(label, table, claims)
+        note = report_note(label, table, claims, ranking=ranking)
     folder = artifact_dir(label, shared)
     written = []
     for parent in parents:
@@ -102,3 +119,30 @@ def publish_report(client: Any, parents: Iterable[str], out_dir: Path, label: st
         client.log_artifacts(parent, str(out_dir), folder)
         written.append(parent)
     return written
+
+
+def row_value(run: Mapping[str, Any]) -> str:
+    """A finished run's row as the tag ``row`` holds it: the report's row label and the preset
+    (``mesh 1+2R2+1 B5 · tiny``); "" for a run in no row (unfinished, or a duplicate left out)."""
+    return f"{run['row']} · {run['preset']}" if run.get("row") else ""
+
+
+def tag_runs(client: Any, runs: pd.DataFrame) -> None:
+    """Colour every run of ``runs`` (:func:`results.aggregate.aggregate`'s frame) by its scheme and
+    tag every finished one with its row (:func:`row_value`), one request per run."""
+    for run in runs.to_dict("records"):
+        tags = [RunTag(RUN_COLOR_TAG, run_color(run["scheme"]))] if run.get("scheme") else []
+        if row := row_value(run):
+            tags.append(RunTag(ROW_TAG, row))
+        if tags:
+            client.log_batch(run["run_id"], tags=tags)
+
+
+def group_key(runs: pd.DataFrame) -> str:
+    """The tag the grouped view folds seeds by: ``scheme`` where each scheme is one row (the grid
+    varies the scheme only), else :data:`~experiments.tracking.ROW_TAG` (B, layout, preset or
+    other settings vary too)."""
+    rows = pd.Series([row_value(run) for run in runs.to_dict("records")], index=runs.index)
+    finished = runs.assign(row_value=rows)[rows != ""]
+    per_scheme = finished.groupby("scheme")["row_value"].nunique()
+    return "scheme" if per_scheme.le(1).all() else ROW_TAG

@@ -26,17 +26,25 @@ def _md_cell(cell: Cell) -> str:
     return text
 
 
-def to_markdown(table: Table, heading: str = "###") -> str:
-    """One GitHub table per block, each under a heading naming the block, then the notes."""
-    header = "| " + " | ".join(markdown_escape(c.header) for c in table.columns) + " |"
-    rule = "|" + "|".join("---:" if c.align == "r" else "---" for c in table.columns) + "|"
+def to_markdown(table: Table, heading: str = "###", notes: bool = True) -> str:
+    """One GitHub table per block, each under a heading naming the block (so the columns that are
+    not ``markdown`` are left out), then the notes (unless ``notes`` is False)."""
+    shown = [i for i, c in enumerate(table.columns) if c.markdown]
+    header = "| " + " | ".join(markdown_escape(table.columns[i].header) for i in shown) + " |"
+    rule = "|" + "|".join("---:" if table.columns[i].align == "r" else "---" for i in shown) + "|"
     parts = []
     for block in table.blocks:
         lines = [f"{heading} {markdown_escape(block.name)}", "", header, rule]
-        lines += ["| " + " | ".join(_md_cell(c) for c in cells) + " |" for cells in block.cells]
+        lines += ["| " + " | ".join(_md_cell(cells[i]) for i in shown) + " |" for cells in block.cells]
         parts.append("\n".join(lines))
-    notes = "\n".join(f"* {markdown_escape(n)}" for n in table.notes)
-    return "\n\n".join(parts + ([notes] if notes else [])) + "\n"
+    if notes and table.notes:
+        parts.append(notes_markdown(table.notes))
+    return "\n\n".join(parts) + "\n"
+
+
+def notes_markdown(notes: list[str]) -> str:
+    """The notes of a table as a Markdown list."""
+    return "\n".join(f"* {markdown_escape(n)}" for n in notes)
 
 
 _LATEX_SPECIAL = {
@@ -104,4 +112,4 @@ def write_table(table: Table, out_dir: str | Path, stem: str) -> list[Path]:
     return paths
 
 
-__all__ = ["latex_escape", "markdown_escape", "to_latex", "to_markdown", "write_table"]
+__all__ = ["latex_escape", "markdown_escape", "notes_markdown", "to_latex", "to_markdown", "write_table"]

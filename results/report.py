@@ -1,4 +1,5 @@
-"""``report.md``: what was run, the paper's claims, the tables, the figures, the probes, and what was left out.
+"""``report.md``: the ranking and the paper's claims first, then the tables, the figures and the
+probes; how the numbers were made (what was run, the regime, what was left out) once, at the end.
 
 :func:`build_report` does everything ``mesh-results`` does: read the runs, aggregate, write the
 tables and ``claims.md``, draw the figures, and write the report beside them (links are relative, so the folder reads
@@ -9,19 +10,22 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from experiments.tracking import write_key_metrics_view
+from experiments.tracking import run_url, write_grouped_view, write_key_metrics_view
 from results import collect, curves, plots, publish, render, tables
-from results.aggregate import Results, aggregate, decimals_for, is_accuracy
+from results.aggregate import Results, aggregate
 from results.claims import Evaluation
 from results.claims_md import summary_table, write_claims
+from results.outdir import REPORT, report_folder
 from results.paper import load_paper_numbers
+from results.ranking import ranking
 from results.render import markdown_escape
-from results.stats import ALPHA, METHOD, METHOD_SHORT, Comparison, diff_text
+from results.stats import ALPHA, METHOD
 
 FIGURES = "figures"
 
@@ -40,9 +44,27 @@ class Output:
     claims: Path | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
     published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
+    published_pages: list[str] = field(default_factory=list)  # their pages in the MLflow UI
     published_to: str = publish.ARTIFACT_DIR  # under which artifact folder of theirs
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
-    view: str | None = None  # the key-metrics view written to those experiments (experiments.tracking)
+    view: str | None = None  # the grouped view written to those experiments (experiments.tracking)
+
+    def moved_to(self, out_dir: Path) -> Output:
+        """The same output with every path under :attr:`out_dir` moved under ``out_dir``."""
+
+        def move(path: Path) -> Path:
+            return out_dir / path.relative_to(self.out_dir)
+
+        return replace(
+            self,
+            out_dir=out_dir,
+            report=move(self.report),
+            tables=[move(p) for p in self.tables],
+            figures={k: [move(p) for p in paths] for k, paths in self.figures.items()},
+            runs_csv=self.runs_csv and move(self.runs_csv),
+            curves_csv=self.curves_csv and move(self.curves_csv),
+            claims=self.claims and move(self.claims),
+        )
 
 
 def build_report(
@@ -56,8 +78,10 @@ def build_report(
     publish_to_parents: bool = True,
 ) -> Output:
     """Read the runs of ``experiments`` (all when empty) passing ``filter_string`` from the store and
-    write tables, figures and ``report.md`` into ``out_dir``; then (``publish_to_parents``) put the
-    report on the MLflow parent run of every sweep whose cells it read (results/publish.py)."""
+    write tables, figures and ``report.md`` into ``out_dir`` (written beside it and moved in place
+    whole, :mod:`results.outdir`); then (``publish_to_parents``) colour and tag the runs, write the
+    experiments' views, and put the report on the MLflow parent run of every sweep whose cells it
+    read (:mod:`results.publish`)."""
     out = Path(out_dir)
     client = collect.open_client(tracking_uri)
     frame = collect.collect_runs(client, experiments, filter_string)
@@ -69,15 +93,48 @@ def build_report(
     if not (frame["status"] == "FINISHED").any():  # nothing to average: no report, no empty folder
         states = ", ".join(f"{n} {s.lower()}" for s, n in frame["status"].value_counts().items())
         raise collect.ResultsError(f"no finished run in {where} yet ({states}); a report needs one")
-    out.mkdir(parents=True, exist_ok=True)
     paper = load_paper_numbers(paper_file)
     prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
     try:
         results = aggregate(frame, metric, paper, prefer)
     except ValueError as error:
         raise collect.ResultsError(str(error)) from None
+    with report_folder(out) as folder:
+        output = _write(client, folder, name, experiments, tracking_uri, filter_string, results, paper)
+    output = output.moved_to(out)
+    known = collect.experiment_ids(client, ())
+    output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
+    if publish_to_parents:
+        sets = collect.validation_sets(results.runs)
+        publish.tag_runs(client, results.runs)
+        for experiment, experiment_id in output.experiment_ids.items():
+            write_key_metrics_view(client, experiment_id, sets)
+            group_by = publish.group_key(results.runs[results.runs["experiment"] == experiment])
+            output.view = write_grouped_view(client, experiment_id, sets, group_by)
+        parents = publish.sweep_parents(client, output.experiment_ids.values(), results.runs["run_id"])
+        shared = len(output.experiment_ids) > 1
+        output.published = publish.publish_report(
+            client, parents, out, name, shared, ranking(results, output.evaluations)
+        )
+        output.published_to = publish.artifact_dir(name, shared)
+        output.published_pages = [
+            run_url(tracking_uri, client.get_run(run_id).info.experiment_id, run_id) for run_id in output.published
+        ]
+    return output
 
-    output = Output(out, out / "report.md", results)
+
+def _write(
+    client: Any,
+    out: Path,
+    name: str,
+    experiments: Sequence[str],
+    tracking_uri: str,
+    filter_string: str,
+    results: Results,
+    paper: Any,
+) -> Output:
+    """Tables, ``claims.md``, figures and ``report.md`` of ``results`` in the folder ``out``."""
+    output = Output(out, out / REPORT, results)
     main = tables.main_table(results)
     output.tables += render.write_table(main, out, "table")
     probes = tables.probe_table(results)
@@ -117,16 +174,6 @@ def build_report(
         probe_seeds=plots.probe_seeds(results, reports),
     )
     output.report.write_text(text)
-    known = collect.experiment_ids(client, ())
-    output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
-    if publish_to_parents:
-        sets = collect.validation_sets(results.runs)
-        for experiment_id in output.experiment_ids.values():
-            output.view = write_key_metrics_view(client, experiment_id, sets)
-        parents = publish.sweep_parents(client, output.experiment_ids.values(), results.runs["run_id"])
-        shared = len(output.experiment_ids) > 1
-        output.published = publish.publish_report(client, parents, out, name, shared)
-        output.published_to = publish.artifact_dir(name, shared)
     return output
 
 
@@ -160,7 +207,7 @@ def _over_training(results: Results, output: Output) -> list[str]:
     intro = (
         f"Every validation step of every run is in {csv} (tokens = step × tokens per step). Curves: the mean "
         "over a row's seeds with its 95% t interval (band, where n ≥ 2), log y. Δ: claimed row − other in "
-        f"validation loss with its 95% CI ({METHOD_SHORT}); where along training each claim's verdict held is "
+        "validation loss with its 95% CI; where along training each claim's verdict held is "
         f'in {claims}, "Over training".'
     )
     return ["", "## Over training", "", intro, "", *lines[:-1]]
@@ -236,61 +283,6 @@ def _what_was_run(results: Results, experiments: Sequence[str], tracking_uri: st
     return lines
 
 
-def _versus_next(comparison: Comparison) -> str:
-    """The best row against the next, described: these two rows are picked by their means after seeing
-    them, so a t-test between them would be a post-hoc test with no correction; the CI is shown and
-    the tests live in claims.md (planned comparisons, corrected across each family)."""
-    if not comparison.tested:
-        return f"no spread to compare ({comparison.reason})"
-    return "ranked by mean: not a test; see claims.md"
-
-
-def _headline(results: Results) -> list[str]:
-    """One line per block: the row with the best mean of the key metric and its differences (95% CI)
-    against the next best row, vanilla and base, described, not tested (see :func:`_versus_next`)."""
-    metric = results.ppl_metric
-    lines = []
-    for block in results.blocks:
-        valued = sorted(
-            (r for r in block.rows if metric in r.stats),
-            key=lambda r: r.stats[metric].mean,
-            reverse=not results.lower_is_better,
-        )
-        if len(valued) < 2:
-            continue
-        best, runner_up = valued[0], valued[1]
-        stat = best.stats[metric]
-        scale, unit = (100.0, " points") if is_accuracy(metric) else (1.0, "")
-        decimals = decimals_for(metric, stat.mean)
-        line = (
-            f"* {markdown_escape(block.name)}: best mean `{best.label}`, {results.metric_label} "
-            f"{stat.text(decimals, scale)}"
-        )
-        comparison = best.compare(runner_up, metric)
-        if comparison is not None:
-            comparison = comparison.scaled(scale)
-            line += (
-                f"; {diff_text(comparison, decimals)}{unit} vs the next, `{runner_up.label}` "
-                f"({_versus_next(comparison)})"
-            )
-        for scheme in ("vanilla", "base"):
-            reference = block.reference(best, scheme, same_layout=scheme == "base")
-            if reference is None or reference is best or reference is runner_up:
-                continue
-            comparison = best.compare(reference, metric)
-            if comparison is None:
-                continue
-            line += f"; {diff_text(comparison.scaled(scale), decimals)}{unit} vs {scheme}"
-        lines.append(line)
-    if lines:
-        lines.append(
-            "* Δ: difference of means with its 95% CI. The best row is chosen by its mean, so these lines "
-            "describe and do not test; whether MeSH beats base, anchor or vanilla is tested in the paper's "
-            "claims below (planned comparisons, Holm / Benjamini-Hochberg across them, TOST for equivalence)."
-        )
-    return lines
-
-
 def _regime(results: Results) -> list[str]:
     """Tokens per parameter (with and without embeddings) and passes over the training split, per
     preset, with a warning past one pass: over several epochs the runs measure memorisation too."""
@@ -362,7 +354,7 @@ def _run_table(runs: pd.DataFrame, note_column: str) -> list[str]:
 def _honesty(results: Results) -> list[str]:
     runs = results.runs
     lines = [
-        "## What the numbers are, and what was left out",
+        "### What the numbers are, and what was left out",
         "",
         "* Only FINISHED runs are averaged. Each cell is the mean ± the **sample** standard deviation (ddof=1) "
         "over the seeds of its row, with n the number of runs averaged.",
@@ -404,14 +396,14 @@ def _honesty(results: Results) -> list[str]:
         ("KILLED", "Killed runs (interrupted, or pruned by the search)", "pruned"),
     ):
         subset = runs[runs["status"] == status]
-        lines += ["", f"### {title}: {len(subset)}", ""]
+        lines += ["", f"#### {title}: {len(subset)}", ""]
         if len(subset):
             lines += ["Not averaged into any cell.", "", *_run_table(subset, column)]
         else:
             lines.append("None.")
     other = runs[~runs["status"].isin(["FINISHED", "FAILED", "RUNNING", "KILLED"])]
     if len(other):
-        lines += ["", f"### Runs in other states: {len(other)}", "", *_run_table(other, "error")]
+        lines += ["", f"#### Runs in other states: {len(other)}", "", *_run_table(other, "error")]
     return lines
 
 
@@ -428,6 +420,9 @@ def render_report(
     probe_figures: dict[str, dict[str, list[Path]]],
     probe_seeds: dict[str, str],
 ) -> str:
+    """The answer first (the ranking, then the claims' verdicts), then the main table, the figures
+    and the probes; how the numbers were made once, at the end (Methods); the wide probe table in
+    an appendix."""
     out = output.out_dir
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     lines = [
@@ -437,32 +432,25 @@ def render_report(
         + ", ".join(f"[{p.name}]({_rel(p, out)})" for p in output.tables)
         + (f"; every run: [{output.runs_csv.name}]({_rel(output.runs_csv, out)})" if output.runs_csv else "")
         + (f"; the paper's claims tested: [{output.claims.name}]({_rel(output.claims, out)})" if output.claims else "")
-        + ".",
-        "",
-        "## What was run",
-        "",
-        *_what_was_run(results, experiments, tracking_uri, filter_string),
+        + "; how the numbers were made: [Methods](#methods).",
     ]
-    regime = _regime(results)
-    if regime:
-        lines += ["", "### The regime: tokens per parameter and passes over the data", "", *regime]
-    headline = _headline(results)
-    if headline:
-        lines += ["", "## In short", "", *headline]
+    ranked = ranking(results, output.evaluations)
+    if ranked:
+        lines += ["", "## Ranking", "", *ranked]
     if output.evaluations:
         lines += [
             "",
             "## The paper's claims",
             "",
-            f"Each claim of the paper tested on these runs ({METHOD_SHORT}; α = {ALPHA}; Holm across the "
-            "primary claims, Benjamini-Hochberg across the secondary; TOST for equivalence); the rules and the "
-            f"numbers behind every verdict are in [{output.claims.name}]({_rel(output.claims, out)}).",
+            f"Each claim of the paper tested on these runs (α = {ALPHA}; Holm across the primary claims, "
+            "Benjamini-Hochberg across the secondary; TOST for equivalence); the rules and the numbers behind "
+            f"every verdict are in [{output.claims.name}]({_rel(output.claims, out)}).",
             "",
             *summary_table(output.evaluations),
         ]
     lines += ["", "## Main table", ""]
     if results.rows:
-        lines.append(render.to_markdown(main, heading="###").rstrip())
+        lines.append(render.to_markdown(main, heading="###", notes=False).rstrip())
         if not any(row.paper for row in results.rows):
             lines += ["", "No row matches a row of the paper (same preset, scheme and layout), so no paper column."]
     else:
@@ -486,7 +474,11 @@ def render_report(
     if probes is not None or probe_figures:
         lines += ["", "## Probes", ""]
         if probes is not None:
-            lines.append(render.to_markdown(probes, heading="###").rstrip())
+            csv = next((p for p in output.tables if p.name == "probes.csv"), None)
+            lines.append(
+                "The probe table, every probe per row with its tests against base, is in the "
+                "[appendix](#appendix-the-probe-table)" + (f" and [{csv.name}]({_rel(csv, out)})" if csv else "") + "."
+            )
         for block, paths in probe_figures.items():
             drawn = ", ".join(
                 f"`{label}` seed {seed}" for label, seed in probe_seeds.items() if label in _labels(results, block)
@@ -503,8 +495,46 @@ def render_report(
             if "cka_linear" in paths:
                 png = next(p for p in paths["cka_linear"] if p.suffix == ".png")
                 lines.append(f"Linear CKA: [{png.name}]({_rel(png, out)})")
-    lines += ["", *_honesty(results)]
+    lines += ["", *_methods(results, experiments, tracking_uri, filter_string, [main, probes])]
+    if probes is not None:
+        lines += [
+            "",
+            "## Appendix: the probe table",
+            "",
+            render.to_markdown(probes, heading="###", notes=False).rstrip(),
+        ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _methods(
+    results: Results,
+    experiments: Sequence[str],
+    tracking_uri: str,
+    filter_string: str,
+    shown: Sequence[tables.Table | None],
+) -> list[str]:
+    """What was run, the regime, what the numbers are (the notes of the ``shown`` tables, each once;
+    the cells and the tests are said by :func:`_honesty`) and the runs left out."""
+    lines = [
+        "## Methods",
+        "",
+        "### What was run",
+        "",
+        *_what_was_run(results, experiments, tracking_uri, filter_string),
+    ]
+    regime = _regime(results)
+    if regime:
+        lines += ["", "### The regime: tokens per parameter and passes over the data", "", *regime]
+    honesty = _honesty(results)
+    notes = [n for t in shown if t is not None for n in t.notes if n not in (tables.CELL_NOTE, tables.TEST_NOTE)]
+    end = next((i for i in range(2, len(honesty)) if honesty[i] == ""), len(honesty))  # its bullets end
+    lines += [
+        "",
+        *honesty[:end],
+        *([render.notes_markdown(list(dict.fromkeys(notes)))] if notes else []),
+        *honesty[end:],
+    ]
+    return lines
 
 
 def _labels(results: Results, block_name: str) -> set[str]:

@@ -26,6 +26,7 @@ DOWNSTREAM = (("eval/0shot/avg", "0-shot", "0shot"), ("eval/5shot/avg", "5-shot"
 class Column:
     header: str
     align: str = "r"  # LaTeX column type: l or r
+    markdown: bool = True  # False: in LaTeX and the CSV only (Markdown names each block in a heading)
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _mark(cells: list[list[Cell]], column: int, higher_is_better: bool) -> None:
 def _identity(results: Results) -> tuple[list[Column], bool, bool]:
     has_slots = any(r.buffer_slots for r in results.rows)
     has_overrides = any(r.overrides for r in results.rows)
-    columns = [Column("scale", "l"), Column("scheme", "l"), Column("layout", "l")]
+    columns = [Column("scale", "l", markdown=False), Column("scheme", "l"), Column("layout", "l")]
     if has_slots:
         columns.append(Column("B"))
     if has_overrides:
@@ -210,6 +211,10 @@ def _table(title: str, results: Results, specs: list[Spec], notes: list[str]) ->
     return Table(title, columns, blocks, notes)
 
 
+CELL_NOTE = (
+    "Each cell: mean ± sample standard deviation (ddof=1) over seeds, n = finished runs averaged; "
+    "n=1: a single seed, no spread shown."
+)
 MARKS_NOTE = (
     "Bold: the best mean in its block, underlined: the second best (only in blocks of three or more "
     "values); lower is better for loss and PPL, higher for downstream accuracy. The marks rank means "
@@ -253,11 +258,7 @@ def main_table(results: Results) -> Table:
             if paper_key in paper_metrics:
                 specs.append(Spec("paper", paper_key, f"paper {header}"))
 
-    notes = [
-        "Each cell: mean ± sample standard deviation (ddof=1) over seeds, n = finished runs averaged; "
-        "n=1: a single seed, no spread shown.",
-        MARKS_NOTE,
-    ]
+    notes = [CELL_NOTE, MARKS_NOTE]
     if has_moe:
         notes.append(
             "non-emb params: every non-embedding parameter (a mixture of experts: all E experts); active non-emb "
@@ -272,8 +273,9 @@ def main_table(results: Results) -> Table:
     if has_deltas:
         notes.append(
             f"Δ{delta_name} vs vanilla: against the block's vanilla row; vs base: against the base row of the "
-            f"same layout. {TEST_NOTE}"
+            "same layout."
         )
+        notes.append(TEST_NOTE)
     return _table("Results", results, specs, notes)
 
 
@@ -392,7 +394,7 @@ def probe_table(results: Results) -> Table | None:
             "Jaccard chance: its value for two unrelated random top-k choices. Per call: probe/moe_* in MLflow."
         )
     if compared:
-        notes.append(f"Δ<probe> vs base: against the base row of the same layout. {TEST_NOTE}")
+        notes += ["Δ<probe> vs base: against the base row of the same layout.", TEST_NOTE]
     return _table("Probes", results, specs, notes)
 
 

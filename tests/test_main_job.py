@@ -83,9 +83,11 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     for claim in (c.id for c in load_claims().claims if c.id not in untestable):
         assert verdicts.get(claim) and verdicts[claim] <= tested, (claim, verdicts.get(claim))
     assert "[claims.md](claims.md)" in report
-    # The sweep's parent run carries the report: its description (MLflow's run note) is the results
-    # table and the claims' verdicts, and the report folder is among its artifacts.
+    # The sweep's parent run carries the report: its description (MLflow's run note) starts with the
+    # ranking, then the claims' verdicts and the results table; the report folder is among its artifacts.
     note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
+    assert note.startswith("**tiny, compute depth 6**: validation PPL (shakespeare), lower is better")
+    assert report.split("\n## ", 2)[1].startswith("Ranking\n")  # and so does the report
     assert all(line in note for line, _ in rows.values())
     claims_summary = claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0]
     assert "### The paper's claims" in note and claims_summary in note
@@ -94,10 +96,12 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     # What the console shows: the table, where the report is, how to open the store.
     assert markdown.strip() in printed
     assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed
-    page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=mesh-key-metrics"
+    page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=mesh-grouped"
     assert (
         f"MLflow:  {Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {store}, then open {page}" in printed
     )
+    run_page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}"
+    assert f"Parent:  {run_page}?workflowType=machine_learning " in printed  # not GenAI mode
     # It ends with the grid's --status command, which finds the grid from its store as printed.
     (status_line,) = [line for line in printed.splitlines() if line.startswith("Status:  ")]
     status_args = shlex.split(status_line.removeprefix("Status:  "))

@@ -29,19 +29,30 @@ details that stay in claims.md
 WHEN = datetime(2026, 12, 1, 15, 0)
 
 
-def test_note_holds_the_table_then_the_claims_summary_and_its_test():
-    note = report_note("schemes", TABLE, CLAIMS, WHEN)
-    assert note.startswith("**Results: `mesh-results schemes`**, 2026-12-01 15:00.")
-    assert TABLE.strip() in note
-    assert note.index(TABLE.strip()) < note.index("### The paper's claims")
+RANKING = [
+    "**tiny, compute depth 6**: validation PPL (pile), lower is better",
+    "",
+    "| # | row | mean ± sd (n) | Δ vs base [95% CI] | verdict |",
+    "|---:|---|---:|---:|---|",
+    "| 1 | `mesh` | 48.1 ± 0.2 (n=3) | -1.8 [-2.3, -1.3] | `mesh_below_base`: holds |",
+    "| 2 | `base` | 49.9 ± 0.1 (n=3) | — | reference |",
+]
+
+
+def test_note_starts_with_the_ranking_then_says_where_the_report_is_then_the_claims_and_the_table():
+    note = report_note("schemes", TABLE, CLAIMS, WHEN, RANKING)
+    assert note.startswith("\n".join(RANKING))
+    head = "**Results: `mesh-results schemes`**, 2026-12-01 15:00."
+    assert note.index(RANKING[-1]) < note.index(head) < note.index("### The paper's claims") < note.index(TABLE.strip())
     assert "| `mesh_below_base` | tiny | `mesh` vs `base` | `val_ppl` | holds |" in note
-    assert note.endswith("* **Test**: two-sided t-test over seeds (paired t).")
-    assert "details that stay in claims.md" not in note
+    assert "* **Test**: two-sided t-test over seeds (paired t)." in note
+    assert "details that stay in claims.md" not in note and note.endswith(TABLE.strip())
 
 
-def test_note_without_claims_is_the_table():
+def test_note_without_claims_or_ranking_is_the_line_and_the_table():
     note = report_note("schemes", TABLE, None, WHEN)
-    assert note.rstrip().endswith("| mesh | 48.1 ± 0.2 (n=3) |") and "claims" not in note.split("artifacts")[1]
+    assert note.startswith("**Results: `mesh-results schemes`**") and "claims" not in note.split("artifacts")[1]
+    assert note.rstrip().endswith("| mesh | 48.1 ± 0.2 (n=3) |")
 
 
 def _table_of_length(length: int) -> str:
@@ -52,17 +63,10 @@ def _table_of_length(length: int) -> str:
     return rows
 
 
-def test_a_note_over_mlflows_limit_drops_the_claims_first():
-    table = _table_of_length(NOTE_LIMIT - 400)  # fits alone, not with the claims
-    assert len(report_note("schemes", table, None, WHEN)) <= NOTE_LIMIT
-    note = report_note("schemes", table, CLAIMS, WHEN)
-    assert "### The paper's claims" not in note and table.strip() in note and "cut to" not in note
-
-
-def test_a_table_over_mlflows_limit_is_cut_at_a_row_and_says_where_the_rest_is():
-    note = report_note("schemes", _table_of_length(2 * NOTE_LIMIT), CLAIMS, WHEN)
+def test_a_note_over_mlflows_limit_keeps_the_ranking_and_the_claims_and_cuts_the_table_at_a_row():
+    note = report_note("schemes", _table_of_length(2 * NOTE_LIMIT), CLAIMS, WHEN, RANKING)
     assert len(note) <= NOTE_LIMIT
-    assert "### The paper's claims" not in note
-    assert note.endswith("*(cut to MLflow's 8000 characters: see `report/table.md`)*")
+    assert note.startswith("\n".join(RANKING)) and "### The paper's claims" in note
+    assert note.endswith("*(cut to MLflow's 8000 characters: see `report/report.md`)*")
     last_row = note.rsplit("\n\n*(cut", 1)[0].splitlines()[-1]
     assert last_row.startswith("| scheme") and last_row.endswith(".0 |")

@@ -7,9 +7,13 @@ synthetic mixture-of-experts rows beside a dense one (active parameters, routing
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,8 +23,19 @@ import pytest
 from mlflow.entities import Metric, Param
 from scipy import stats as scipy_stats
 
+from experiments.tracking import (
+    GROUPED_VIEW,
+    KEY_METRICS_VIEW,
+    ROW_TAG,
+    RUN_COLOR_TAG,
+    SHARED_VIEW_TAG,
+    grouped_view,
+    key_metrics_view,
+)
+from mesh_model.probe_plots import scheme_color
 from results.aggregate import Stat
 from results.cli import main
+from results.outdir import REPORT_ENTRIES
 from results.paper import load_paper_numbers, paper_values
 from results.render import latex_escape
 from results.stats import format_p
@@ -290,11 +305,143 @@ def test_report_links_and_summarises_the_claims(synthetic):
         "| `mesh_below_base` | pythia-410m, compute depth 24 | `mesh 4+8R2+4 B5` vs `base 4+8R2+4` | `val/pile/ppl` | holds (n=2, fragile) |"
         in claims
     )
-    assert "best mean `mesh 4+8R2+4 B5`" in report
-    # ... and describes the best row against the next (the top two of ranked means, a post-hoc pick):
-    # the difference with its CI, no uncorrected test
-    line = next(x for x in report.splitlines() if x.startswith("* pythia-410m, compute depth 24: best mean"))
-    assert "vs the next, `vanilla 24` (ranked by mean: not a test; see claims.md)" in line and "p = " not in line
+
+
+def _ranking(report: str, block: str) -> list[list[str]]:
+    """The cells of the ranking's rows of ``block``."""
+    section = report.split("## Ranking\n", 1)[1].split("\n## ", 1)[0]
+    table = section.split(f"**{block}**", 1)[1].split("\n\n", 2)[1]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+
+
+def test_the_report_opens_with_each_blocks_ranking_by_ppl_with_delta_vs_base_and_the_claims_verdict(synthetic):
+    """The answer first: after the title line comes the ranking, best mean first, each row's PPL as
+    logged, its difference to base (CI, described) and the verdict of the claim comparing the two."""
+    report = (synthetic / "report.md").read_text()
+    assert report.split("\n## ", 2)[1].startswith("Ranking\n")
+    rows = _ranking(report, "pythia-410m, compute depth 24")
+    labels = [r[1].strip("`").replace("\\", "") for r in rows]
+    assert labels == [
+        "mesh 4+8R2+4 B5",
+        "vanilla 24",
+        "mesh 4+8R2+4 B4",
+        "mesh 4+8R2+4 B3",
+        "anchor+anchor_emb 4+8R2+4",
+        "base 4+8R2+4",
+    ]
+    assert [r[0] for r in rows] == ["1", "2", "3", "4", "5", "6"]
+    mesh5 = next(p for (pr, s, _, b, p, _) in SYNTHETIC if pr == "pythia-410m" and s == "mesh" and b == "5")
+    base = next(p for (pr, s, _, _, p, _) in SYNTHETIC if pr == "pythia-410m" and s == "base")
+    assert rows[0][2] == f"{statistics.fmean(mesh5):.3f} ± {statistics.stdev(mesh5):.3f} (n=2)"
+    delta, ci = rows[0][3].split(" ", 1)
+    assert float(delta) == pytest.approx(statistics.fmean(mesh5) - statistics.fmean(base), abs=1e-3)
+    welch = scipy_stats.ttest_ind(mesh5, base, equal_var=False).confidence_interval(0.95)
+    assert ci == f"[{welch.low:+.3f}, {welch.high:+.3f}]"
+    assert rows[0][4] == "`mesh_below_base`: holds (n=2, fragile)"
+    assert rows[1][4] == "`base_worse_than_vanilla`: holds"  # vanilla against base, the claim either way round
+    assert rows[2][4] == "no claim compares it with base" and rows[-1][3:] == ["—", "reference"]
+
+
+def test_the_methods_are_said_once_at_the_end_and_the_probe_table_is_an_appendix(synthetic):
+    report = (synthetic / "report.md").read_text()
+    headings = [line for line in report.splitlines() if line.startswith("## ")]
+    assert headings[-2:] == ["## Methods", "## Appendix: the probe table"]
+    assert headings.index("## Main table") < headings.index("## Methods")
+    methods = report.split("## Methods\n", 1)[1]
+    assert "### What was run" in methods and "* **Runs**: 17 (14 finished" in methods
+    assert report.count("Welch-Satterthwaite") == 1 and report.count("ddof=1") == 2  # the cells, the probes
+    # the block's heading names its preset: no scale column in Markdown; LaTeX, without headings, keeps it
+    assert "| scale |" not in report and "| scale |" not in (synthetic / "table.md").read_text()
+    assert (synthetic / "table.tex").read_text().splitlines()[3].startswith("scale & scheme & layout")
+    probes = (synthetic / "probes.md").read_text()
+    assert "core balance" in report.split("## Appendix: the probe table", 1)[1] and "core balance" in probes
+
+
+def test_every_entry_a_report_writes_is_one_its_folder_may_be_replaced_for(synthetic):
+    """A folder holding only these is swapped whole by the next report (results/outdir.py)."""
+    assert {p.name for p in synthetic.iterdir()} <= REPORT_ENTRIES
+
+
+def test_runs_are_coloured_by_scheme_tagged_with_their_row_and_grouped_by_row_where_b_varies(synthetic):
+    """mesh-results colours every run by its scheme (the figures' palette), tags every finished run
+    with its row (config without the seed), and writes the grouped view: by row here, where B and
+    the preset vary besides the scheme."""
+    uri = f"sqlite:///{synthetic.parent / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    (experiment,) = [e for e in client.search_experiments() if e.name == "synthetic"]
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    cells = [r for r in runs if "seed" in r.data.tags]
+    assert all(r.data.tags[RUN_COLOR_TAG] == scheme_color(r.data.tags["scheme"]) for r in cells)
+    rows = {r.info.run_name: r.data.tags.get(ROW_TAG) for r in cells}
+    assert (
+        rows["pythia-410m-4+8R2+4-mesh5-s0"] == rows["pythia-410m-4+8R2+4-mesh5-s1"] == "mesh 4+8R2+4 B5 · pythia-410m"
+    )
+    assert rows["pythia-410m-4+8R2+4-mesh4-s0"] == "mesh 4+8R2+4 B4 · pythia-410m"
+    assert rows["tiny-1+2R2+1-base-s0"] == "base 1+2R2+1 · tiny" != rows["pythia-410m-4+8R2+4-base-s0"]
+    assert rows["failed-run"] is None and rows["unfinished-run"] is None  # in no row of the table
+    views = client.get_experiment(experiment.experiment_id).tags
+    grouped = json.loads(views[SHARED_VIEW_TAG + GROUPED_VIEW])
+    assert grouped == grouped_view(["pile"], ROW_TAG)
+    assert json.loads(views[SHARED_VIEW_TAG + KEY_METRICS_VIEW]) == key_metrics_view(["pile"])
+
+
+def test_a_grid_of_schemes_only_is_grouped_by_scheme_and_its_parent_note_starts_with_the_ranking(
+    tmp_path_factory, tmp_path, capsys
+):
+    root, uri, client, experiment_id = _store(tmp_path_factory, "schemes_only")
+    parent = _log(client, experiment_id, {"kind": "sweep", "sweep": "schemes_only"}, {}, {}, name="sweep")
+    for scheme, ppls in (("base", (50.0, 51.0)), ("mesh", (48.0, 48.5))):
+        for seed, ppl in enumerate(ppls):
+            tags = {"scheme": scheme, "layout": "1+2R2+1", "preset": "tiny", "seed": str(seed), "buffer_slots": ""}
+            tags.update({"config_hash": f"{scheme}{seed}", "git_commit": "abc", "mlflow.parentRunId": parent})
+            params = {"model": "tiny", "scheme": scheme, "seed": seed, "data.corpus": "pile", "max_steps": 200}
+            _log(client, experiment_id, tags, params, _cell_metrics("base", "tiny", ppl, None), name=f"{scheme}{seed}")
+    out = tmp_path / "report"
+    assert main(["schemes_only", "--tracking-uri", uri, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    grouped = json.loads(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])
+    assert grouped["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "scheme"}]
+    note = client.get_run(parent).data.tags["mlflow.note.content"]
+    ranking = (out / "report.md").read_text().split("## Ranking\n\n", 1)[1].split("\n\n## ", 1)[0]
+    assert note.startswith(ranking.strip()) and "| 1 | `mesh 1+2R2+1` |" in note
+    assert note.index("`mesh-results schemes_only`") < note.index("| scheme | layout |")  # the table after
+    page = f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{parent}?workflowType=machine_learning"
+    assert f"on the sweep's parent run: {page}\n" in printed
+    assert "viewStateShareKey=mesh-grouped" in printed and "viewStateShareKey=mesh-key-metrics" in printed
+
+
+@pytest.mark.slow
+def test_a_killed_mesh_results_leaves_the_previous_report_or_none_and_the_next_run_writes_it(synthetic, tmp_path):
+    """SIGKILL while the report is being written (its tables are there, report.md not yet): a new
+    folder does not appear, an existing one keeps the previous report whole; the next run writes
+    the folder and removes what the killed ones left. A folder holding other files keeps them."""
+    uri = f"sqlite:///{synthetic.parent / 'mlflow.db'}"
+    previous = tmp_path / "previous"
+    shutil.copytree(synthetic, previous)
+    before = {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()}
+    fresh = tmp_path / "fresh"
+    for out in (fresh, previous):
+        command = [str(Path(sys.executable).parent / "mesh-results"), "synthetic", "--tracking-uri", uri]
+        process = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        partial = out.with_name(f".{out.name}.partial-{process.pid}")
+        deadline = time.monotonic() + 180
+        while not (partial / "table.md").exists():
+            assert process.poll() is None, process.stderr.read().decode()
+            assert time.monotonic() < deadline, "mesh-results wrote no table in 180 s"
+            time.sleep(0.02)
+        process.kill()
+        process.wait()
+        assert partial.is_dir()  # what it was writing is beside the folder, hidden
+    assert not fresh.exists()
+    assert {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()} == before
+    assert main(["synthetic", "--tracking-uri", uri, "--out", str(fresh)]) == 0
+    assert (fresh / "report.md").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".fresh.")]
+    (previous / "my notes.txt").write_text("mine")
+    (previous / "report.md").write_text("old")
+    assert main(["synthetic", "--tracking-uri", uri, "--out", str(previous)]) == 0
+    assert (previous / "my notes.txt").read_text() == "mine" and (previous / "report.md").read_text().startswith("# ")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".previous.")]
 
 
 def test_paper_number_beside_the_matching_row(synthetic):

@@ -1,0 +1,88 @@
+"""The answer first: each block's rows ranked by the key PPL, one line each, with the difference to
+the base row and the verdict of the paper's claim that compares the two (:func:`ranking`).
+
+``report.md`` opens with it and the sweep's parent run starts its description with it
+(:mod:`results.publish`). The differences are described (mean and 95% CI); the tests and their
+correction across claims are in ``claims.md``: a row that no claim compares with base gets no
+verdict here, rather than an uncorrected one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from results.aggregate import Block, Results, Row, decimals_for, is_accuracy
+from results.claims import Evaluation
+from results.render import markdown_escape
+from results.stats import diff_text
+
+BASE = "base"
+NO_CLAIM = "no claim compares it with base"
+
+
+def ranked_rows(results: Results, block: Block) -> list[Row]:
+    """The rows of ``block`` that logged the key PPL, best mean first."""
+    metric = results.ppl_metric
+    valued = [r for r in block.rows if metric in r.stats]
+    return sorted(valued, key=lambda r: r.stats[metric].mean, reverse=not results.lower_is_better)
+
+
+def base_of(block: Block, row: Row) -> Row | None:
+    """The base row ``row`` is set against: base of the same layout, else (vanilla, compute-matched
+    with every layout of the block) the block's base row with the same other settings."""
+    same = block.reference(row, BASE, same_layout=True)
+    if same is None and row.scheme == "vanilla":
+        return block.reference(row, BASE, same_layout=False)
+    return same
+
+
+def verdict(row: Row, base: Row | None, evaluations: Sequence[Evaluation], metrics: set[str]) -> str:
+    """The verdict of the pairwise claim on the key PPL between ``row`` and ``base`` (either way
+    round), with the claim's name; ``reference`` for the base row itself."""
+    if base is row:
+        return "reference"
+    for e in evaluations:
+        if e.claim.kind != "pairwise" or e.supplementary or e.metric not in metrics or len(e.lines) != 1:
+            continue
+        if {id(e.row), id(e.lines[0].other)} == {id(row), id(base)}:
+            return f"`{e.claim.id}`: {e.verdict_text}"
+    return NO_CLAIM
+
+
+def ranking(results: Results, evaluations: Sequence[Evaluation]) -> list[str]:
+    """Markdown: per block, a line naming it and the metric, then a table of its rows best first
+    (row | mean ± sd (n) | Δ vs base [95% CI] | verdict), then one line on how to read it."""
+    metric = results.ppl_metric
+    scale, unit = (100.0, " (% points)") if is_accuracy(metric) else (1.0, "")
+    metrics = {metric, *(f"val/{s}/ppl" for s in results.sets[:1])}
+    order = "lower" if results.lower_is_better else "higher"
+    lines: list[str] = []
+    for block in results.blocks:
+        rows = ranked_rows(results, block)
+        if not rows:
+            continue
+        lines += [
+            f"**{markdown_escape(block.name)}**: {markdown_escape(results.metric_label)}, {order} is better",
+            "",
+            "| # | row | mean ± sd (n) | Δ vs base [95% CI]" + unit + " | verdict |",
+            "|---:|---|---:|---:|---|",
+        ]
+        for rank, row in enumerate(rows, 1):
+            stat = row.stats[metric]
+            decimals = decimals_for(metric, stat.mean * scale)
+            base = base_of(block, row)
+            comparison = row.compare(base, metric) if base is not None and base is not row else None
+            delta = "—" if base is row else diff_text(comparison.scaled(scale), decimals) if comparison else ""
+            cells = [str(rank), f"`{markdown_escape(row.label)}`", stat.text(decimals, scale), delta]
+            lines.append("| " + " | ".join(cells) + f" | {verdict(row, base, evaluations, metrics)} |")
+        lines.append("")
+    if not lines:
+        return []
+    lines.append(
+        "Δ: difference of means against base (same layout) with its 95% CI, described, not tested. Verdict: "
+        "the paper's claim that compares the two rows, as tested in claims.md."
+    )
+    return lines
+
+
+__all__ = ["ranked_rows", "ranking"]
