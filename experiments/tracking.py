@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -511,6 +513,80 @@ def log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
         client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
 
 
+# urllib3's pool, which MLflow's REST client retries through: a warning for each retry after a
+# broken connection, a debug line for each retried status and for each response.
+URLLIB3_POOL = "urllib3.connectionpool"
+RETRIED_STATUSES = (429, 500, 502, 503, 504)  # what MLflow's client retries (mlflow.utils.request_utils)
+
+
+class ServerWatch(logging.Filter):
+    """Says in one line when MLflow's client starts retrying the tracking server ``uri`` (refused or
+    broken connections, retried statuses) and in one line when it answers again; training waits on
+    logging meanwhile, without these lines silently (MLflow retries for minutes).
+
+    A filter on urllib3's pool logger, which is set to DEBUG so that every response is seen; the
+    records below the level the logger had are dropped here, so nothing more is printed than before."""
+
+    def __init__(self, uri: str, say: Any = None) -> None:
+        super().__init__()
+        self.uri = uri
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.down_since: float | None = None
+        self.lock = threading.Lock()
+        self.shown = logging.NOTSET  # the logger's own level before the watch lowered it
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.levelno >= logging.WARNING and str(record.msg).startswith("Retrying"):
+            self._down(str(args[1]).rsplit(": ", 1)[-1] if len(args) > 1 else "no answer")
+        elif str(record.msg).startswith("Retry:"):
+            self._down("a status it retries")
+        elif len(args) == 8 and isinstance(args[6], int) and args[6] not in RETRIED_STATUSES:
+            self._up()  # a response: '%s://%s:%s "%s %s %s" %s %s'
+        level = self.shown or logging.getLogger(URLLIB3_POOL).parent.getEffectiveLevel()  # type: ignore[union-attr]
+        return record.levelno >= level
+
+    def _down(self, reason: str) -> None:
+        with self.lock:
+            if self.down_since is not None:
+                return
+            self.down_since = time.monotonic()
+        self.say(f"[mesh] the MLflow server {self.uri} does not answer ({reason}); retrying, logging waits")
+
+    def _up(self) -> None:
+        with self.lock:
+            if self.down_since is None:
+                return
+            waited, self.down_since = time.monotonic() - self.down_since, None
+        self.say(f"[mesh] the MLflow server {self.uri} answers again after {waited:.0f}s; logging goes on")
+
+
+def watch_tracking_server(uri: str, say: Any = None) -> ServerWatch | None:
+    """Install (once per process; a later call names the new ``uri``) the :class:`ServerWatch` of
+    an http(s) tracking server; None for any other store. :func:`unwatch_tracking_server` removes it."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    logger = logging.getLogger(URLLIB3_POOL)
+    watch = next((f for f in logger.filters if isinstance(f, ServerWatch)), None)
+    if watch is None:
+        watch = ServerWatch(uri, say)
+        watch.shown = logger.level
+        logger.addFilter(watch)
+        logger.setLevel(logging.DEBUG)
+    watch.uri = uri
+    if say is not None:
+        watch.say = say
+    return watch
+
+
+def unwatch_tracking_server() -> None:
+    """Remove the :class:`ServerWatch` and give urllib3's pool logger its level back."""
+    logger = logging.getLogger(URLLIB3_POOL)
+    for watch in [f for f in logger.filters if isinstance(f, ServerWatch)]:
+        logger.removeFilter(watch)
+        logger.setLevel(watch.shown)
+
+
 # Tags that say how a run stopped; a run opened again (a resume, a re-run grid) drops them.
 STOP_TAGS = ("error", "interrupted", "terminated", "pruned")
 
@@ -569,6 +645,7 @@ class RunRecord:
         import mlflow
 
         prepare_sqlite_store(tracking_uri, rebuild_store)
+        watch_tracking_server(tracking_uri)  # a server that stops answering is said, not waited on silently
         client = mlflow.MlflowClient(tracking_uri)
         id_file = run_dir / cls.ID_FILE
         if resume and id_file.exists():

@@ -101,3 +101,43 @@ def test_a_store_this_tool_never_finished_creating_is_rebuilt_without_asking(sto
     assert (
         not (runs_dir / ".mlflow.db.creating").exists() and len(list(runs_dir.glob("mlflow.db.incomplete-*[0-9]"))) == 1
     )
+
+
+def test_a_tracking_server_that_stops_answering_is_said_once_and_its_return_once(tmp_path, monkeypatch):
+    """MLflow's client retries a server that refuses connections for minutes, and training waits on
+    it: one line when the retries start, none for each retry, one when a real ``mlflow server``
+    (started only once that line was said) answers the same request again."""
+    from conftest import free_port
+
+    from experiments.tracking import unwatch_tracking_server, watch_tracking_server
+
+    for name, value in (("MAX_RETRIES", "10"), ("BACKOFF_FACTOR", "1"), ("BACKOFF_JITTER", "0")):
+        monkeypatch.setenv(f"MLFLOW_HTTP_REQUEST_{name}", value)
+    uri = f"http://127.0.0.1:{free_port()}"
+    lines: list[str] = []
+    servers: list[subprocess.Popen] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if not servers:
+            port = uri.rsplit(":", 1)[1]
+            command = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", port, "--workers", "1"]
+            command += ["--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"]
+            servers.append(
+                subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+
+    watch_tracking_server(uri, say)
+    try:
+        experiments = mlflow.MlflowClient(uri).search_experiments()
+    finally:
+        unwatch_tracking_server()
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=60)
+    assert [e.name for e in experiments] == ["Default"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"[mesh] the MLflow server {uri} does not answer (") and "Connection refused" in lines[0]
+    assert lines[0].endswith("; retrying, logging waits")
+    assert lines[1].startswith(f"[mesh] the MLflow server {uri} answers again after ")
+    assert lines[1].endswith("s; logging goes on")
