@@ -19,7 +19,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from experiments.data.config import DataConfig
-from mesh_model import ConfigError
+from mesh_model import ConfigError, SchemeSpec, did_you_mean
+from mesh_model.scheme_names import NAMED_SCHEMES, UNKNOWN_SCHEME
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 PRUNERS = ("median", "none")
@@ -58,13 +59,24 @@ class TrainerConfig:
         return self.precision or ("bf16-mixed" if self.accelerator == "gpu" else "32-true")
 
 
+def _canonical_scheme(name: str) -> str:
+    """``vanilla`` or the scheme's canonical name (``anchor*`` -> ``anchor_emb``); ConfigError if unknown."""
+    text = str(name).strip().lower()
+    return "vanilla" if text == "vanilla" else SchemeSpec.parse(text).canonical
+
+
 @dataclass
 class OptimConfig:
     """AdamW with the paper's (Pythia's) recipe. ``lr`` null takes the preset's peak LR. The LR
     warms up linearly for ``warmup_steps`` optimizer steps (null: ``warmup_fraction`` of the run's
-    steps), then decays along a half cosine to ``min_lr_ratio`` of the peak at the last step."""
+    steps), then decays along a half cosine to ``min_lr_ratio`` of the peak at the last step.
+
+    ``lr_by_scheme`` gives a scheme its own peak LR (``{vanilla: 2e-3, mesh: 4e-3}``; ``anchor*`` is
+    ``anchor_emb``), ahead of ``lr``: one grid then runs every scheme at its own best LR (read off
+    ``mesh-sweep lr``), and its rows still compare, since every cell carries the same mapping."""
 
     lr: float | None = None
+    lr_by_scheme: dict[str, float] = field(default_factory=dict)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.01
     warmup_fraction: float = 0.01
@@ -75,6 +87,20 @@ class OptimConfig:
     def validate(self) -> None:
         if self.lr is not None and not (0 < self.lr < float("inf")):
             raise ConfigError("optim.lr", self.lr, "must be a finite number > 0 (or null for the preset's)")
+        for scheme, lr in self.lr_by_scheme.items():
+            if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < float("inf"):
+                raise ConfigError(f"optim.lr_by_scheme.{scheme}", lr, "must be a finite number > 0")
+            try:
+                _canonical_scheme(scheme)
+            except ConfigError:
+                known = did_you_mean(scheme, NAMED_SCHEMES) + UNKNOWN_SCHEME
+                raise ConfigError("optim.lr_by_scheme", scheme, known) from None
+
+    def peak_lr(self, scheme: str, preset_lr: float) -> float:
+        """The peak LR of a run of ``scheme``: its entry in ``lr_by_scheme``, else ``lr``, else the preset's."""
+        by_scheme = {_canonical_scheme(k): v for k, v in self.lr_by_scheme.items()}
+        lr = by_scheme.get(_canonical_scheme(scheme), self.lr)
+        return float(lr) if lr is not None else preset_lr
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError("optim.betas", list(self.betas), "two numbers in [0, 1)")
         _at_least("optim.weight_decay", self.weight_decay, 0)

@@ -48,7 +48,11 @@ RUN_INVARIANT_KEYS = (
 )
 # Keys added after runs were logged, at the value that computes what runs did before them: left
 # out of the hash there, so a store's runs keep their hashes (and are found finished).
-NEUTRAL_VALUES: dict[str, Any] = {"trainer.accumulate_grad_batches": 1, "optim.warmup_steps": None}
+NEUTRAL_VALUES: dict[str, Any] = {
+    "trainer.accumulate_grad_batches": 1,
+    "optim.warmup_steps": None,
+    "optim.lr_by_scheme": {},
+}
 # The model axes of the config; the hash takes the model they resolve to instead.
 MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")
 # What repeats a cell: runs that differ only in it are replicates of one row.
