@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The CPU reproduction in the one-pass regime, from the repository root after `make setup data-large`.
+# Corpus data=docs (the Linux kernel's and Python's documentation, 11.7M training tokens): a 2500-step
+# run of batch 16 x 128 (5.1M tokens) sees 0.44 of its training split, never a document twice.
+# Every stage resumes where it stopped; stages after `lr` take each scheme's best LR from lr/lr.csv.
+#
+#   bash results/cpu-reproduction/one-pass/run.sh lr report     # the LR sweep, then the reports
+#   bash results/cpu-reproduction/one-pass/run.sh schemes       # the schemes grid, seeds=auto up to 12
+#   bash results/cpu-reproduction/one-pass/run.sh plan          # seeds and CPU-hours each stage would need
+#
+# Stages, in the order the budget is spent:
+#   lr       vanilla, base, anchor* and MeSH at peak LR 1e-3, 2e-3, 4e-3, 2 seeds, a quarter of the
+#            budget (625 steps, 1.3M tokens), no probes: each scheme's best LR
+#   schemes  vanilla, base, anchor, anchor*, MeSH at tiny 1+2R2+1, each at its own LR, seeds=auto
+#            (stages of 3, cap 12): the primary claims MeSH < base, < anchor, < anchor*, base > vanilla
+#   k3       base and MeSH at the three-loop 1+1R3+1, seeds=auto
+#   skip     the skip combinations at tiny, 3 seeds
+set -euo pipefail
+RUNS="${RUNS:-runs/one-pass}"
+OUT=results/cpu-reproduction/one-pass
+COMMON=(model=tiny data=docs "runs_dir=$RUNS")
+FULL=(max_steps=2500 val_every=125 checkpoint_every=250)
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(lr schemes k3 skip report)
+
+sweep() {  # a failed cell is listed by mesh-sweep and recorded as FAILED; the next grid still runs
+  echo "+ mesh-sweep $*" >&2
+  .venv/bin/mesh-sweep "$@" "${COMMON[@]}" || echo "run.sh: mesh-sweep $1 exited $? (see its table above)" >&2
+}
+
+report() {  # report DIR EXPERIMENT
+  echo "+ mesh-results $2 --out $OUT/$1" >&2
+  .venv/bin/mesh-results "$2" --runs-dir "$RUNS" --out "$OUT/$1" || echo "run.sh: no $1 report (has its stage run?)" >&2
+}
+
+lr_args() {  # +optim.lr_by_scheme.<scheme>=<best LR> from the LR report; anchor takes anchor*'s, any
+  # other scheme (the skip combinations) base's
+  [ -f "$OUT/lr/lr.csv" ] || { echo "run.sh: no $OUT/lr/lr.csv: run the lr stage and its report first" >&2; exit 2; }
+  .venv/bin/python - "$OUT/lr/lr.csv" <<'EOF'
+import sys
+import pandas as pd
+best = pd.read_csv(sys.argv[1]).query("best")
+lrs = dict(zip(best["scheme"], best["lr"]))
+if "anchor_emb" in lrs:
+    lrs.setdefault("anchor", lrs["anchor_emb"])  # anchor was not in the LR grid: its closest relative's LR
+args = [f"+optim.lr_by_scheme.{scheme}={lr:g}" for scheme, lr in sorted(lrs.items())]
+print(" ".join([*args, f"optim.lr={lrs['base']:g}"] if "base" in lrs else args))
+EOF
+}
+
+for stage in "${STAGES[@]}"; do
+  case "$stage" in
+    lr) sweep lr seeds=2 max_steps=625 val_every=125 checkpoint_every=125 probes.enabled=false ;;
+    schemes)
+      # shellcheck disable=SC2046  # one word per override
+      sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh seeds=auto seeds.max=12 "${FULL[@]}" \
+        $(lr_args) tracking.experiment=onepass_schemes
+      ;;
+    k3)
+      # shellcheck disable=SC2046
+      sweep schemes scheme=base,mesh layout=1+1R3+1 seeds=auto seeds.max=12 "${FULL[@]}" $(lr_args) \
+        tracking.experiment=onepass_k3
+      ;;
+    skip)
+      # shellcheck disable=SC2046
+      sweep skip_combos seeds=3 "${FULL[@]}" $(lr_args) tracking.experiment=onepass_skip_combos
+      ;;
+    plan)
+      # shellcheck disable=SC2046
+      .venv/bin/mesh-sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh "${FULL[@]}" $(lr_args) \
+        tracking.experiment=onepass_schemes "${COMMON[@]}" --plan
+      ;;
+    report)
+      report lr lr
+      report schemes onepass_schemes
+      report k3 onepass_k3
+      report skip_combos onepass_skip_combos
+      ;;
+    *)
+      echo "run.sh: stage '$stage' is unknown: use lr, schemes, k3, skip, plan or report" >&2
+      exit 2
+      ;;
+  esac
+done
