@@ -21,6 +21,7 @@ from results import collect, curves, plots, publish, render, tables
 from results.aggregate import Results, aggregate
 from results.claims import Evaluation
 from results.claims_md import summary_table, write_claims
+from results.lr_sensitivity import write_lr_sensitivity
 from results.outdir import REPORT, report_folder
 from results.paper import load_paper_numbers
 from results.ranking import ranking
@@ -48,6 +49,7 @@ class Output:
     published_to: str = publish.ARTIFACT_DIR  # under which artifact folder of theirs
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
     view: str | None = None  # the grouped view written to those experiments (experiments.tracking)
+    lr_section: list[str] = field(default_factory=list)  # each variant's best LR, where LRs vary
 
     def moved_to(self, out_dir: Path) -> Output:
         """The same output with every path under :attr:`out_dir` moved under ``out_dir``."""
@@ -155,6 +157,10 @@ def _write(
     histories = collect.metric_histories(client, finished, "train/loss")
     output.figures["train_loss"] = plots.plot_train_loss(results, histories, figures)
     _plot_over_training(output, results, history, figures)
+    output.lr_section, lr_files = write_lr_sensitivity(results, out, figures)
+    output.tables += [p for p in lr_files if p.suffix == ".csv"]
+    if lr_files:
+        output.figures["lr_sensitivity"] = [p for p in lr_files if p.suffix != ".csv"]
     reports = collect.probe_reports(client, _rows_with_probes(results))
     probe_figures = plots.plot_probes(results, reports, figures / "probes")
     for block, paths in probe_figures.items():
@@ -437,6 +443,8 @@ def render_report(
     ranked = ranking(results, output.evaluations)
     if ranked:
         lines += ["", "## Ranking", "", *ranked]
+    if output.lr_section:
+        lines += ["", *output.lr_section]
     if output.evaluations:
         lines += [
             "",

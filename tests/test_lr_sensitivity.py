@@ -87,3 +87,16 @@ def test_a_grid_at_one_lr_per_scheme_has_no_section(tmp_path_factory, tmp_path):
     assert lr_curves(res) == [] and lr_markdown([], "PPL") == []
     assert write_lr_sensitivity(res, tmp_path, tmp_path / "figures") == ([], [])
     assert not (tmp_path / "lr.csv").exists()
+
+
+def test_mesh_results_puts_the_section_after_the_ranking_with_its_csv_and_figure(results, tmp_path):
+    from results.cli import main
+
+    _, root = results
+    out = tmp_path / "report"
+    assert main(["lr", "--tracking-uri", f"sqlite:///{root / 'mlflow.db'}", "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert report.index("## Ranking") < report.index("## Learning rate") < report.index("## Main table")
+    assert "[lr.csv](lr.csv)" in report and "(figures/lr_sensitivity.png)" in report
+    assert (out / "figures" / "lr_sensitivity.png").is_file()
+    assert pd.read_csv(out / "lr.csv").query("best").set_index("scheme")["lr"].to_dict() == {"base": 2e-3, "mesh": 4e-3}
