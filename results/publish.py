@@ -129,9 +129,13 @@ def row_value(run: Mapping[str, Any]) -> str:
 
 def tag_runs(client: Any, runs: pd.DataFrame) -> None:
     """Colour every run of ``runs`` (:func:`results.aggregate.aggregate`'s frame) by its scheme and
-    tag every finished one with its row (:func:`row_value`), one request per run."""
+    tag every finished one with its row (:func:`row_value`), one request per run. The seed is tagged
+    too: runs logged before it was a tag (their param holds it) would be left out of the views,
+    which select the training runs by ``tags.seed``."""
     for run in runs.to_dict("records"):
         tags = [RunTag(RUN_COLOR_TAG, run_color(run["scheme"]))] if run.get("scheme") else []
+        if run.get("seed") != "":
+            tags.append(RunTag("seed", str(run["seed"])))
         if row := row_value(run):
             tags.append(RunTag(ROW_TAG, row))
         if tags:

@@ -33,10 +33,12 @@ from experiments.tracking import (
     key_metrics_view,
 )
 from mesh_model.probe_plots import scheme_color
-from results.aggregate import Stat
+from results.aggregate import Stat, aggregate
 from results.cli import main
+from results.collect import collect_runs
 from results.outdir import REPORT_ENTRIES
 from results.paper import load_paper_numbers, paper_values
+from results.publish import tag_runs
 from results.render import latex_escape
 from results.stats import format_p
 
@@ -383,6 +385,21 @@ def test_runs_are_coloured_by_scheme_tagged_with_their_row_and_grouped_by_row_wh
     grouped = json.loads(views[SHARED_VIEW_TAG + GROUPED_VIEW])
     assert grouped == grouped_view(["pile"], ROW_TAG)
     assert json.loads(views[SHARED_VIEW_TAG + KEY_METRICS_VIEW]) == key_metrics_view(["pile"])
+
+
+def test_a_run_logged_before_its_seed_was_a_tag_gets_the_tag_so_the_views_select_it(tmp_path_factory):
+    """The views select training runs by ``tags.seed``; a run whose seed is only a param (an older
+    version's) is tagged with it, its colour and its row when read."""
+    _, uri, client, experiment_id = _store(tmp_path_factory, "old_runs")
+    tags = {"scheme": "mesh", "layout": "1+2R2+1", "preset": "tiny", "buffer_slots": "5", "config_hash": "h"}
+    run_id = _log(client, experiment_id, tags, {"seed": 3, "model": "tiny"}, {"val/pile/ppl": 50.0, "val_loss": 3.9})
+    results = aggregate(collect_runs(client, ["old_runs"]), "val_loss")
+    tag_runs(client, results.runs)
+    tagged = client.get_run(run_id).data.tags
+    assert tagged["seed"] == "3" and tagged[ROW_TAG] == "mesh 1+2R2+1 B5 · tiny"
+    assert tagged[RUN_COLOR_TAG] == scheme_color("mesh")
+    selected = client.search_runs([experiment_id], key_metrics_view(["pile"])["searchFilter"])
+    assert [r.info.run_id for r in selected] == [run_id]
 
 
 def test_a_grid_of_schemes_only_is_grouped_by_scheme_and_its_parent_note_starts_with_the_ranking(
