@@ -26,6 +26,7 @@ REPORT_ENTRIES = frozenset(
         "claims.md",
         "runs.csv",
         "curves.csv",
+        "lr.csv",
         "figures",
     }
 )

@@ -15,6 +15,7 @@ from mlflow.entities import Metric, Param
 from results.aggregate import aggregate
 from results.collect import collect_runs
 from results.lr_sensitivity import best_lrs, lr_curves, lr_markdown, write_lr_sensitivity
+from results.outdir import REPORT_ENTRIES
 
 # scheme -> {lr: PPL per seed}: base is best at 2e-3 (inside the range), mesh at 4e-3 (the edge).
 PPL = {
@@ -99,4 +100,5 @@ def test_mesh_results_puts_the_section_after_the_ranking_with_its_csv_and_figure
     assert report.index("## Ranking") < report.index("## Learning rate") < report.index("## Main table")
     assert "[lr.csv](lr.csv)" in report and "(figures/lr_sensitivity.png)" in report
     assert (out / "figures" / "lr_sensitivity.png").is_file()
+    assert {p.name for p in out.iterdir()} <= REPORT_ENTRIES  # the next report replaces the folder whole
     assert pd.read_csv(out / "lr.csv").query("best").set_index("scheme")["lr"].to_dict() == {"base": 2e-3, "mesh": 4e-3}
