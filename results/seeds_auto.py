@@ -36,6 +36,7 @@ from results.sequential import CONTINUE, PRIOR_SD, REJECT, Design
 from results.stats import seeds_needed
 from sweeps.cells import Cell
 from sweeps.grid import AutoSeeds, grid_cells, grid_key, read_request, split_auto_seeds, sweep_dir_for
+from sweeps.packing import usable_cores
 from sweeps.parent import ParentRun
 from sweeps.sweep import run_sweep
 
@@ -234,8 +235,19 @@ def duration_text(seconds: float) -> str:
     )
 
 
+def cores_per_cell(launch) -> int:
+    """The cores one cell computes on: a cell sent elsewhere (SLURM) its allocation, cpus per task x
+    tasks x nodes; a cell run here its share of this machine, which the local launchers divide
+    among the cells they run at once (``resources.cpus_per_task`` does not apply to them)."""
+    resources = launch.resources
+    if launch.launcher.memory_limit(resources) is not None:
+        return resources.cpus_per_task * resources.tasks * resources.nodes
+    return max(1, usable_cores() // max(1, launch.launcher.concurrency))
+
+
 def _hours(seconds: float, launch) -> float:
-    return seconds * launch.resources.cpus_per_task * launch.resources.tasks * launch.resources.nodes / 3600.0
+    """CPU core-hours of ``seconds`` of cells' wall time."""
+    return seconds * cores_per_cell(launch) / 3600.0
 
 
 def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, out) -> str:
@@ -256,11 +268,7 @@ def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, o
     )
     if auto.budget_cpu_h is not None and spent_h + cost > auto.budget_cpu_h:
         return f"seeds.budget_cpu_h={auto.budget_cpu_h}: {spent_h:.3f} spent, the next stage needs {cost:.3f}"
-    if (
-        auto.budget_gpu_h is not None
-        and gpus
-        and (spent_h + cost) / launch.resources.cpus_per_task * gpus > auto.budget_gpu_h
-    ):
+    if auto.budget_gpu_h is not None and gpus and (spent_h + cost) / cores_per_cell(launch) * gpus > auto.budget_gpu_h:
         return f"seeds.budget_gpu_h={auto.budget_gpu_h}: the next stage would pass it"
     return ""
 
@@ -326,7 +334,7 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
         if n is None:
             print(line + "no seed count reaches 80% power", file=out)
             continue
-        wall = (per_run if per_run is not None else _flop_seconds(arm_plans[0], launch.resources.cpus_per_task)) * n * 2
+        wall = (per_run if per_run is not None else _flop_seconds(arm_plans[0], cores_per_cell(launch))) * n * 2
         cost = _hours(wall, launch)
         eta = duration_text(wall / max(1, launch.launcher.concurrency))
         how = "measured run times" if per_run is not None else "FLOP model"

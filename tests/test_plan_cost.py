@@ -1,0 +1,36 @@
+"""--plan's cost: CPU core-hours and the ETA from the cores a cell really computes on."""
+
+from __future__ import annotations
+
+import io
+import re
+from types import SimpleNamespace
+
+from experiments.budget import flop_seconds
+from results.seeds_auto import cores_per_cell, grid_arms, print_plan
+from sweeps.packing import usable_cores
+
+
+def test_local_cells_share_the_machine_and_the_eta_is_core_hours_over_its_cores(tmp_path):
+    rest = ["model=tiny", "scheme=base,mesh", f"runs_dir={tmp_path}", "max_steps=300"]
+    _, plans, launch = grid_arms("schemes", rest)
+    cores = usable_cores()
+    # launcher=auto runs one cell per core, whatever resources.cpus_per_task (a SLURM setting) says.
+    assert launch.resources.cpus_per_task == 2
+    assert cores_per_cell(launch) == max(1, cores // launch.launcher.concurrency)
+
+    out = io.StringIO()
+    assert print_plan("schemes", rest, out=out) == 0
+    line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("mesh_below_base"))
+    n, cpu_h, eta, unit = re.search(r"(\d+) seeds per arm .* ([\d.]+) CPU-h, ETA ([\d.]+) (h|min)", line).groups()
+    eta_h = float(eta) / (60 if unit == "min" else 1)
+    # The FLOP model at the cell's cores, for 2 arms of n seeds; core-hours do not depend on the cores.
+    per_run = flop_seconds(plans[0].model_config, plans[0].budget.total_tokens, cores_per_cell(launch))
+    assert float(cpu_h) == float(f"{per_run * cores_per_cell(launch) * int(n) * 2 / 3600:.3g}")
+    assert abs(eta_h - float(cpu_h) / (cores_per_cell(launch) * launch.launcher.concurrency)) <= 0.06 * eta_h
+
+
+def test_a_cell_sent_to_slurm_computes_on_its_allocation():
+    resources = SimpleNamespace(cpus_per_task=4, tasks=2, nodes=3)
+    slurm = SimpleNamespace(memory_limit=lambda r: object(), concurrency=10)
+    assert cores_per_cell(SimpleNamespace(launcher=slurm, resources=resources)) == 24
