@@ -92,7 +92,16 @@ def _grouped_mm_probe(device_type: str, dtype: torch.dtype) -> bool:
         return False
 
 
-@torch.compiler.assume_constant_result
+def _constant_to_compile(fn):
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` (about 3 s of
+    CPU) when this module is imported, which every CLI that checks a config does: the mark is the
+    attribute dynamo reads when it traces ``fn``. tests/test_moe.py holds it to the one torch sets,
+    and a compiled MoE loop to one graph."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_to_compile
 def grouped_mm_available(device_type: str, dtype: torch.dtype, compiling: bool = False) -> bool:
     """Probed once per (device type, dtype) and cached; a constant to ``torch.compile``. CUDA is
     probed in bf16 only, the dtype its kernels are documented for. ``compiling`` also asks for

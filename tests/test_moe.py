@@ -580,3 +580,24 @@ def test_the_moe_benchmark_dry_runs(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 1 and rows[0].count("(n=2)") == 2
     assert moe_module.grouped_mm_available is grouped_mm_available  # the loop row put it back
+
+
+def test_grouped_mm_available_carries_torchs_constant_mark():
+    """moe.py marks it as ``torch.compiler.assume_constant_result`` would, without importing
+    ``torch._dynamo`` at import: the attributes torch sets are the ones it has."""
+
+    def probe() -> bool:
+        return True
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert marked is probe and vars(probe)
+    assert {k: getattr(grouped_mm_available, k, None) for k in vars(probe)} == vars(probe)
+
+
+def test_importing_the_model_leaves_torch_dynamo_out():
+    import subprocess
+    import sys
+
+    code = "import sys, mesh_model.model, mesh_model.accounting; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
