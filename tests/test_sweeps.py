@@ -55,7 +55,7 @@ EXPECTED_GRIDS = {
     "scale": {"model": ["tiny", "mini", "small"], "scheme": ["vanilla", "base", "mesh"]},
     "nonshared": {"layout": ["1+2+2+1", "1+2R2+1"], "scheme": ["base", "mesh"]},
     "moe": {"scheme": ["vanilla", "base", "anchor", "mesh"]},  # at tiny-moe (tests/test_moe_training.py)
-    "lr": {"scheme": ["vanilla", "base", "anchor_emb", "mesh"], "optim.lr": ["0.001", "0.002", "0.004"]},
+    "lr": {"scheme": ["vanilla", "base", "anchor_emb", "mesh"], "optim.lr": ["0.001", "0.002", "0.004", "0.008"]},
 }
 # Optuna searches: their search space (a search also counts as tested here).
 EXPECTED_SEARCHES = {

@@ -9,7 +9,7 @@
 #   bash results/cpu-reproduction/one-pass/run.sh plan          # seeds and CPU-hours each stage would need
 #
 # Stages, in the order the budget is spent:
-#   lr       vanilla, base, anchor* and MeSH at peak LR 1e-3, 2e-3, 4e-3, 2 seeds, a quarter of the
+#   lr       vanilla, base, anchor* and MeSH at peak LR 1e-3, 2e-3, 4e-3, 8e-3, 2 seeds, a quarter of the
 #            budget (625 steps, 1.3M tokens), no probes: each scheme's best LR
 #   schemes  vanilla, base, anchor, anchor*, MeSH at tiny 1+2R2+1, each at its own LR, seeds=auto
 #            (stages of 3, cap 12): the primary claims MeSH < base, < anchor, < anchor*, base > vanilla
