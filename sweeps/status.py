@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 from experiments.locks import RunLock
 from experiments.plan import RunPlan
-from experiments.tracking import STOP_TAGS, RunRecord, terminate_run
+from experiments.tracking import STOP_TAGS, RunRecord, peek_run, terminate_run
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, Cell, CellOutcome
 from sweeps.grid import SweepError, grid_cells, grid_key, read_request, sweep_dir_for
 from sweeps.jobs import (
@@ -142,8 +142,8 @@ def survey(grid: Grid, by: str, cancelled: Collection[str] = ()) -> list[CellSta
     the runs of the jobs in ``cancelled`` are closed as cancelled."""
     jobs = read_jobs(grid.sweep_dir)
     slurm = job_states(jobs[c.index] for c in grid.cells if c.index in jobs)
-    client = None
-    if any((p.run_dir / RunRecord.ID_FILE).exists() for p in grid.plans):
+    client = None  # MLflow only for a cell without result.json: a finished grid is read from its files
+    if any(not p.result_file.exists() and (p.run_dir / RunRecord.ID_FILE).exists() for p in grid.plans):
         import mlflow
 
         client = mlflow.MlflowClient(grid.tracking_uri)
@@ -283,6 +283,19 @@ def _parent(grid: Grid) -> tuple[ParentRun, Any] | tuple[None, None]:
     return found if found is not None else (None, None)
 
 
+def _ended_parent(grid: Grid) -> str | None:
+    """The parent's line where the store's file says it has ended (FINISHED, FAILED, KILLED), read
+    without MLflow; None where it runs, is not found so, or the store is not a sqlite file."""
+    id_file = grid.sweep_dir / ID_FILE
+    if not id_file.exists():
+        return None
+    run_id = id_file.read_text().strip()
+    peeked = peek_run(grid.tracking_uri, run_id, DETACHED_TAG)
+    if peeked is None or peeked[0] not in ("FINISHED", "FAILED", "KILLED"):
+        return None
+    return f"parent run {run_id} {peeked[0]}" + (" (detached)" if peeked[1] is not None else "")
+
+
 def _describe(parent: ParentRun | None, run: Any) -> str:
     if parent is None:
         return "no parent run"
@@ -302,6 +315,9 @@ def grid_status(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
     """``--status``: print where every cell stands (settling what needs it); 0."""
     grid = find_grid(name, arguments)
     states = survey(grid, "mesh-sweep --status")
+    if (ended_parent := _ended_parent(grid)) is not None:  # nothing to close: MLflow is not opened
+        show(grid, states, ended_parent, out)
+        return 0
     parent, run = _parent(grid)
     ended = parent is not None and run.info.status == "RUNNING" and all(s.state in ENDED for s in states)
     if ended:

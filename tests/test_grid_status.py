@@ -254,3 +254,33 @@ def test_a_cell_cancelled_from_another_terminal_counts_as_stopped_for_the_sweep_
     parent.close([outcomes["cancelled"]], total=1)
     closed = client.get_run(parent_id)
     assert closed.info.status == "KILLED" and "re-run the grid to resume" in closed.data.tags["interrupted"]
+
+
+def test_status_of_a_finished_grid_reads_its_files_without_mlflow_or_torch_dynamo(tmp_path, grid_cell_overrides):
+    """``--status`` of a finished grid answers from its files and the store's file (no MLflow
+    import, no store check of MLflow's; no torch._dynamo), in a new process as a user runs it;
+    the parent's state as MLflow has it, and once the parent runs again, MLflow is asked."""
+    runs = tmp_path / "runs"
+    args = [*GRID, *grid_cell_overrides("probes.enabled=false"), f"runs_dir={runs}"]
+    assert run_sweep(args[0], args[1:]) == 0
+    probe = (
+        "import sys; from sweeps.sweep import main; code = main(sys.argv[1:]); "
+        "print('imported:', *sorted(m for m in ('mlflow', 'torch._dynamo', 'lightning') if m in sys.modules))"
+    )
+
+    def status_in_a_new_process() -> str:
+        done = subprocess.run(
+            [str(BIN / "python"), "-c", probe, *args, "--status"], cwd=tmp_path, env=environment(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    client, parents, _ = store(runs)
+    out = status_in_a_new_process()
+    assert f"parent run {parents[0].info.run_id} FINISHED" in out.splitlines()[0], out
+    assert "2 cells: 2 finished" in out and out.splitlines()[-1] == "imported:", out
+    client.set_terminated(parents[0].info.run_id, "RUNNING")  # a grid taken up again: MLflow answers
+    out = status_in_a_new_process()
+    assert "imported: mlflow" in out.splitlines()[-1], out
+    assert client.get_run(parents[0].info.run_id).info.status == "FINISHED"  # closed again: every cell ended
