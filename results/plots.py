@@ -1,8 +1,11 @@
 """The report's figures (PNG + SVG, matplotlib's Agg canvas, no pyplot state):
 
-* PPL against % non-embedding parameters of vanilla, one point per row named in a legend, a panel per preset;
+* the ranking: per block, its rows sorted by mean PPL (best at top), each seed a dot, the mean a bar;
+* PPL against % non-embedding parameters of vanilla, one point per row named in a legend, a panel per
+  preset, where the rows' parameter shares spread (:func:`shares_spread`);
 * the B ablation (PPL against MeSH's buffer slots, error bars over seeds) when B varies;
-* training-loss curves per row (mean over seeds, ± std band), a panel per block;
+* training-loss curves per row, each run smoothed by a trailing rolling mean (:func:`smoothing_window`),
+  then the mean over seeds with a ± std band, a panel per block;
 * validation PPL over tokens per block (mean ± 95% t band over seeds), and each primary claim's Δ in
   validation loss over tokens with its 95% CI (:mod:`results.curves` computes both);
 * the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`), and, where
@@ -40,6 +43,49 @@ from results.paper import PaperRow
 def _marker_styles(rows: Sequence[Row]) -> dict[str, int]:
     """row label -> k: the row is the k-th of its scheme (its marker / line style in the figures)."""
     return dict(zip((r.label for r in rows), variant_index(r.scheme for r in rows), strict=True))
+
+
+def ranking_figure(results: Results) -> Any | None:
+    """One panel per block: its rows from best to worst mean PPL, top down; each seed a dot and the
+    mean a bar across it, in the scheme's colour. None when no row has the PPL."""
+    metric = results.ppl_metric
+    panels = []
+    for block in results.blocks:
+        rows = [r for r in block.rows if metric in r.stats]
+        rows.sort(key=lambda r: r.stats[metric].mean, reverse=not results.lower_is_better)
+        if rows:
+            panels.append((block.name, rows))
+    if not panels:
+        return None
+    longest = max(len(rows) for _, rows in panels)
+    fig, axes = _figure(0.5 + 6.0 * len(panels), 1.3 + 0.38 * longest, ncols=len(panels))
+    for ax, (name, rows) in zip(axes, panels, strict=True):
+        for y, row in enumerate(rows):
+            stat, color = row.stats[metric], scheme_color(row.scheme)
+            ax.plot(stat.values, [y] * stat.n, "o", color=color, alpha=0.75, markersize=5, linestyle="none")
+            ax.plot([stat.mean, stat.mean], [y - 0.32, y + 0.32], color=color, linewidth=2.5, label=row.label)
+        ax.set_yticks(range(len(rows)), [f"{r.label} (n={r.stats[metric].n})" for r in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # the best row on top
+        ax.set_xlabel(f"{results.metric_label} (dots: seeds, bar: mean)")
+        ax.set_title(name)
+        ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def plot_ranking(results: Results, out_dir: str | Path, stem: str = "ranking") -> list[Path]:
+    """:func:`ranking_figure`, saved."""
+    fig = ranking_figure(results)
+    return [] if fig is None else _save(fig, out_dir, stem)
+
+
+def shares_spread(results: Results) -> bool:
+    """Whether PPL against parameters says more than the ranking: more than one block, or rows at
+    three or more non-embedding parameter shares (to 0.1%). A grid of schemes has two (vanilla at
+    100%, every looped row at one share), and its PPL-vs-parameters figure is two columns of points."""
+    shares = {
+        round(r.stats["params_pct_of_vanilla"].mean, 1) for r in results.rows if "params_pct_of_vanilla" in r.stats
+    }
+    return len(results.blocks) > 1 or len(shares) >= 3
 
 
 def ppl_vs_params_figure(results: Results) -> Any | None:
@@ -142,12 +188,34 @@ def plot_buffer_slots(
     return _save(fig, out_dir, stem)
 
 
+SMOOTHING_FRACTION = 20  # the rolling window: 1/20 of a run's logged steps
+
+
+def smoothing_window(points: int) -> int:
+    """The training loss's rolling window, in logged steps: 1/:data:`SMOOTHING_FRACTION` of a
+    run's logged steps, at least 1 (40 logged steps: 2; 1000: 50)."""
+    return max(1, round(points / SMOOTHING_FRACTION))
+
+
+def smooth_histories(histories: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Each run's ``value`` replaced by its trailing rolling mean over :func:`smoothing_window` of
+    its logged steps (the first ones over the steps there are), and the largest window used."""
+    parts, widest = [], 1
+    for _, run in histories.sort_values("step").groupby("run_id", sort=False):
+        window = smoothing_window(len(run))
+        widest = max(widest, window)
+        parts.append(run.assign(value=run["value"].rolling(window, min_periods=1).mean()))
+    return pd.concat(parts, ignore_index=True), widest
+
+
 def train_loss_figure(results: Results, histories: pd.DataFrame) -> Any | None:
     """One panel per block, one curve per row in its scheme's colour (the k-th row of a scheme with
-    the k-th line style): ``train/loss`` averaged over the row's seeds at each logged step, with a
-    ± sample-std band where two or more seeds logged the step. None when nothing was logged."""
+    the k-th line style): ``train/loss`` of each run smoothed (:func:`smooth_histories`), averaged
+    over the row's seeds at each logged step, with a ± sample-std band where two or more seeds
+    logged the step. None when nothing was logged."""
     if histories.empty:
         return None
+    histories, window = smooth_histories(histories)
     blocks = [b for b in results.blocks if any(histories["run_id"].isin(r.run_ids).any() for r in b.rows)]
     if not blocks:
         return None
@@ -168,7 +236,7 @@ def train_loss_figure(results: Results, histories: pd.DataFrame) -> Any | None:
                     mean.index[band], (mean - std)[band], (mean + std)[band], color=color, alpha=0.15, linewidth=0
                 )
         ax.set_xlabel("step")
-        ax.set_ylabel("training loss")
+        ax.set_ylabel("training loss" + (f" (rolling mean, {window} logged steps)" if window > 1 else ""))
         ax.set_title(block.name)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

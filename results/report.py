@@ -152,7 +152,9 @@ def _write(
 
     figures = out / FIGURES
     finished = [run_id for row in results.rows for run_id in row.run_ids]
-    output.figures["ppl_vs_params"] = plots.plot_ppl_vs_params(results, figures)
+    output.figures["ranking"] = plots.plot_ranking(results, figures)
+    if plots.shares_spread(results):
+        output.figures["ppl_vs_params"] = plots.plot_ppl_vs_params(results, figures)
     output.figures["buffer_slots"] = plots.plot_buffer_slots(results, figures, paper)
     histories = collect.metric_histories(client, finished, "train/loss")
     output.figures["train_loss"] = plots.plot_train_loss(results, histories, figures)
@@ -466,9 +468,15 @@ def render_report(
 
     figure_lines = []
     for key, alt, caption in (
+        ("ranking", "ranking", "The ranking: each row's seeds (dots) and mean (bar), best on top."),
         ("ppl_vs_params", "PPL vs non-embedding parameters", "PPL against non-embedding parameters (% of vanilla)."),
         ("buffer_slots", "PPL vs B", "MeSH: PPL against the number of buffer slots B (error bars: sample std)."),
-        ("train_loss", "training loss", "Training loss, mean over seeds (band: ± sample std where n ≥ 2)."),
+        (
+            "train_loss",
+            "training loss",
+            "Training loss, each run smoothed by a trailing rolling mean over 1/20 of its logged steps (the "
+            "window is on the axis), then the mean over seeds (band: ± sample std where n ≥ 2).",
+        ),
     ):
         image = _image(output.figures.get(key, []), out, alt)
         if image:

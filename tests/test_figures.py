@@ -23,7 +23,14 @@ from mesh_model.probe_plots import (
 )
 from mesh_model.probes import ESTIMATORS, ProbeReport
 from results.aggregate import Block, Results, Row, Stat
-from results.plots import plot_probes, ppl_vs_params_figure, train_loss_figure
+from results.plots import (
+    plot_probes,
+    ppl_vs_params_figure,
+    ranking_figure,
+    shares_spread,
+    smooth_histories,
+    train_loss_figure,
+)
 
 KNOWN = [
     "vanilla",
@@ -256,3 +263,64 @@ def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_l
     low, high = scipy_stats.t.interval(0.95, 1, loc=sum(values) / 2, scale=scipy_stats.sem(values))
     ys = [y for x, y in band.get_paths()[0].vertices if x == 1000]  # step 10: 1000 tokens
     assert min(ys) == pytest.approx(low) and max(ys) == pytest.approx(high)
+
+
+# ---------------------------------------------------------------- the ranking, parameter shares, smoothing
+
+
+def test_ranking_sorts_rows_by_mean_and_draws_each_seed_in_its_schemes_colour():
+    rows = [
+        _row("vanilla", "6", (60.0, 62.0), 100.0),
+        _row("base", "1+2R2+1", (70.0, 71.0), 66.67),
+        _row("mesh", "1+2R2+1", (55.0, 57.0), 66.7),
+        _row("anchor_emb", "1+2R2+1", (58.5, 54.5), 66.67),  # mean 56.5: between mesh (56) and vanilla (61)
+    ]
+    (ax,) = ranking_figure(_results(rows)).axes
+    order = [t.get_text() for t in ax.get_yticklabels()]
+    assert order == ["mesh 1+2R2+1 (n=2)", "anchor_emb 1+2R2+1 (n=2)", "vanilla 6 (n=2)", "base 1+2R2+1 (n=2)"]
+    bottom, top = ax.get_ylim()
+    assert top < bottom  # the first (best) row is drawn on top
+    by_row = {}
+    for line in ax.get_lines():
+        y = round(float(line.get_ydata().mean()))
+        by_row.setdefault(y, []).append(line)
+    for y, label in enumerate(order):
+        dots, bar = by_row[y]
+        scheme = label.split()[0]
+        assert to_hex(dots.get_color()) == to_hex(bar.get_color()) == scheme_color(scheme)
+        row = next(r for r in rows if r.scheme == scheme)
+        assert sorted(dots.get_xdata()) == sorted(row.stats["val/pile/ppl"].values)  # each seed a dot
+        assert list(bar.get_xdata()) == [row.stats["val/pile/ppl"].mean] * 2  # the mean a bar
+
+
+def test_ppl_vs_params_only_where_shares_spread():
+    schemes = [
+        _row("vanilla", "6", (60.0, 62.0), 100.0),
+        *(_row(s, "1+2R2+1", (57.0, 58.0), 66.67) for s in KNOWN[1:6]),
+    ]
+    schemes.append(_row("mesh", "1+2R2+1", (55.0, 56.0), 66.69))  # MeSH's routers: 66.7% too
+    assert not shares_spread(_results(schemes))
+    assert shares_spread(_results([*schemes, _row("base", "1+2R4+1", (57.0, 58.0), 80.0)]))
+    two_blocks = _results(schemes)
+    two_blocks.blocks.append(Block("tiny", 6, schemes[:2]))
+    assert shares_spread(two_blocks)
+
+
+def test_training_loss_is_each_runs_rolling_mean_over_a_twentieth_of_its_steps():
+    steps = range(0, 400, 10)  # 40 logged steps: a window of 2
+    noisy = [4.0 + (0.5 if i % 2 else -0.5) for i, _ in enumerate(steps)]
+    histories = pd.DataFrame(
+        [{"run_id": run, "step": s, "value": v} for run in ("a", "b") for s, v in zip(steps, noisy, strict=True)]
+    )
+    smoothed, window = smooth_histories(histories.sample(frac=1.0, random_state=0))  # any order in
+    assert window == 2
+    a = smoothed[smoothed.run_id == "a"].set_index("step")["value"]
+    assert a.iloc[0] == pytest.approx(3.5) and list(a.iloc[1:]) == pytest.approx(
+        [4.0] * 39
+    )  # the alternation averaged out
+    rows = [_row("base", "1+2R2+1", (57.0, 58.0), 66.67)]
+    rows[0].run_ids[:] = ["a", "b"]
+    (ax,) = train_loss_figure(_results(rows), histories).axes
+    (curve,) = ax.get_lines()
+    assert list(curve.get_ydata()[1:]) == pytest.approx([4.0] * 39)
+    assert "rolling mean, 2 logged steps" in ax.get_ylabel()

@@ -547,10 +547,35 @@ def _assert_image(path: Path) -> None:
 
 
 def test_plots_exist(synthetic):
-    for name in ("ppl_vs_params", "buffer_slots", "train_loss"):
+    for name in ("ranking", "ppl_vs_params", "buffer_slots", "train_loss"):  # two blocks: PPL vs parameters too
         _assert_image(synthetic / "figures" / f"{name}.png")
     report = (synthetic / "report.md").read_text()
     assert "](figures/buffer_slots.png)" in report and "](figures/ppl_vs_params.png)" in report
+    assert report.index("](figures/ranking.png)") < report.index("](figures/ppl_vs_params.png)")
+
+
+def test_a_one_block_grid_of_schemes_gets_the_ranking_not_ppl_vs_params(tmp_path_factory):
+    """The main job's shape: vanilla at 100% of its parameters, every looped row at 66.7%."""
+    root, uri, client, experiment_id = _store(tmp_path_factory, "oneblock")
+    for scheme, layout, pct, ppls in [
+        ("vanilla", "6", 100.0, [90.0, 92.0]),
+        ("base", "1+2R2+1", 66.67, [96.0, 97.0]),
+        ("anchor_emb", "1+2R2+1", 66.67, [82.0, 81.0]),
+        ("mesh", "1+2R2+1", 66.69, [83.0, 84.0]),
+    ]:
+        for seed, ppl in enumerate(ppls):
+            tags = {"preset": "tiny", "scheme": scheme, "layout": layout, "seed": str(seed), "buffer_slots": ""}
+            tags["config_hash"] = f"{scheme}-{seed}"
+            params = {"model": "tiny", "scheme": scheme, "seed": seed, "data.corpus": "pile"}
+            metrics = {"val/pile/loss": math.log(ppl), "val/pile/ppl": ppl, "val_loss": math.log(ppl)}
+            metrics |= {"params_pct_of_vanilla": pct, "train/loss": [(s, 6.0 - s / 100) for s in (10, 20, 30)]}
+            _log(client, experiment_id, tags, params, metrics, name=f"{scheme}-s{seed}")
+    out = root / "out"
+    assert main(["oneblock", "--tracking-uri", uri, "--out", str(out)]) == 0
+    _assert_image(out / "figures" / "ranking.png")
+    assert not (out / "figures" / "ppl_vs_params.png").exists()
+    report = (out / "report.md").read_text()
+    assert "](figures/ranking.png)" in report and "ppl_vs_params" not in report
 
 
 def test_cli_errors(tmp_path, synthetic, capsys):
