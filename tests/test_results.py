@@ -561,7 +561,7 @@ def test_a_one_block_grid_of_schemes_gets_the_ranking_not_ppl_vs_params(tmp_path
         ("vanilla", "6", 100.0, [90.0, 92.0]),
         ("base", "1+2R2+1", 66.67, [96.0, 97.0]),
         ("anchor_emb", "1+2R2+1", 66.67, [82.0, 81.0]),
-        ("mesh", "1+2R2+1", 66.69, [83.0, 84.0]),
+        ("mesh", "1+2R2+1", 67.33, [83.0, 84.0]),  # MeSH's routers: 67.3% of vanilla in the main job
     ]:
         for seed, ppl in enumerate(ppls):
             tags = {"preset": "tiny", "scheme": scheme, "layout": layout, "seed": str(seed), "buffer_slots": ""}
