@@ -187,12 +187,12 @@ def plot_buffer_slots(
     return _save(fig, out_dir, stem)
 
 
-SMOOTHING_FRACTION = 20  # the rolling window: 1/20 of a run's logged steps
+SMOOTHING_FRACTION = 10  # the rolling window: 1/10 of a run's logged steps
 
 
 def smoothing_window(points: int) -> int:
     """The training loss's rolling window, in logged steps: 1/:data:`SMOOTHING_FRACTION` of a
-    run's logged steps, at least 1 (40 logged steps: 2; 1000: 50)."""
+    run's logged steps, at least 1 (40 logged steps: 4; 1000: 100)."""
     return max(1, round(points / SMOOTHING_FRACTION))
 
 

@@ -474,7 +474,7 @@ def render_report(
         (
             "train_loss",
             "training loss",
-            "Training loss, each run smoothed by a trailing rolling mean over 1/20 of its logged steps (the "
+            "Training loss, each run smoothed by a trailing rolling mean over 1/10 of its logged steps (the "
             "window is on the axis), then the mean over seeds (band: ± sample std where n ≥ 2).",
         ),
     ):

@@ -306,21 +306,20 @@ def test_ppl_vs_params_only_where_shares_spread():
     assert shares_spread(two_blocks)
 
 
-def test_training_loss_is_each_runs_rolling_mean_over_a_twentieth_of_its_steps():
-    steps = range(0, 400, 10)  # 40 logged steps: a window of 2
+def test_training_loss_is_each_runs_rolling_mean_over_a_tenth_of_its_steps():
+    steps = range(0, 400, 10)  # 40 logged steps: a window of 4
     noisy = [4.0 + (0.5 if i % 2 else -0.5) for i, _ in enumerate(steps)]
     histories = pd.DataFrame(
         [{"run_id": run, "step": s, "value": v} for run in ("a", "b") for s, v in zip(steps, noisy, strict=True)]
     )
     smoothed, window = smooth_histories(histories.sample(frac=1.0, random_state=0))  # any order in
-    assert window == 2
+    assert window == 4
     a = smoothed[smoothed.run_id == "a"].set_index("step")["value"]
-    assert a.iloc[0] == pytest.approx(3.5) and list(a.iloc[1:]) == pytest.approx(
-        [4.0] * 39
-    )  # the alternation averaged out
+    assert list(a.iloc[:3]) == pytest.approx([3.5, 4.0, 3.5 + 1 / 3])  # the first over the steps there are
+    assert list(a.iloc[3:]) == pytest.approx([4.0] * 37)  # the alternation averaged out
     rows = [_row("base", "1+2R2+1", (57.0, 58.0), 66.67)]
     rows[0].run_ids[:] = ["a", "b"]
     (ax,) = train_loss_figure(_results(rows), histories).axes
     (curve,) = ax.get_lines()
-    assert list(curve.get_ydata()[1:]) == pytest.approx([4.0] * 39)
-    assert "rolling mean, 2 logged steps" in ax.get_ylabel()
+    assert list(curve.get_ydata()[3:]) == pytest.approx([4.0] * 37)
+    assert "rolling mean, 4 logged steps" in ax.get_ylabel()
