@@ -17,14 +17,10 @@ from typing import Any
 
 from results.aggregate import Results, Row, decimals_for, is_accuracy
 from results.claims import FRAGILE_N, ClaimSet, Evaluation, Line, evaluate, load_claims
-from results.render import markdown_escape
+from results.render import code_span, markdown_escape
 from results.stats import METHOD, diff_text, format_p
 
 FILE = "claims.md"
-
-
-def _code(text: str) -> str:
-    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
 
 
 def _scale(metric: str) -> float:
@@ -96,25 +92,25 @@ NUMBER_HEADS = "n, df | Δ (95% CI) | Δ % | paper Δ % | MDE (80%) | seeds for 
 
 
 def _metric(evaluation: Evaluation) -> str:
-    return _code(evaluation.metric) + (" (also shown)" if evaluation.supplementary else "")
+    return code_span(evaluation.metric) + (" (also shown)" if evaluation.supplementary else "")
 
 
 def _rows_text(evaluation: Evaluation) -> str:
     if evaluation.row is None:
         return "—"
     if len(evaluation.lines) == 1 and evaluation.claim.kind == "pairwise":
-        return f"{_code(evaluation.row.label)} vs {_code(evaluation.lines[0].other.label)}"
+        return f"{code_span(evaluation.row.label)} vs {code_span(evaluation.lines[0].other.label)}"
     if evaluation.lines:
         count = len(evaluation.lines)
-        return f"{_code(evaluation.row.label)} vs {count} other row{'s' if count > 1 else ''}"
-    return _code(evaluation.row.label)
+        return f"{code_span(evaluation.row.label)} vs {count} other row{'s' if count > 1 else ''}"
+    return code_span(evaluation.row.label)
 
 
 def summary_table(evaluations: Sequence[Evaluation]) -> list[str]:
     """One line per evaluation: claim, block, rows, metric, verdict."""
     lines = ["| claim | block | rows | metric | verdict |", "|---|---|---|---|---|"]
     for e in evaluations:
-        cells = [_code(e.claim.id), markdown_escape(e.block or "—"), _rows_text(e), _metric(e), e.verdict_text]
+        cells = [code_span(e.claim.id), markdown_escape(e.block or "—"), _rows_text(e), _metric(e), e.verdict_text]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -133,12 +129,12 @@ def _pairwise(evaluations: list[Evaluation]) -> list[str]:
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for e in evaluations:
-        row = _code(e.row.label) if e.row else "—"
+        row = code_span(e.row.label) if e.row else "—"
         row_stat = _stat(e.row, e.metric) if e.row else ""
         verdict = e.verdict_text + (f" ({_reason(e)})" if e.reason else "")
         if e.lines:
             x = e.lines[0]
-            numbers = [_code(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
+            numbers = [code_span(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
             adjusted = format_p(e.p_adjusted)
             numbers += [f"{adjusted} ({_family(e)})" if adjusted else "", x.comparison.test]
         else:
@@ -162,7 +158,7 @@ def _best_of(evaluations: list[Evaluation]) -> list[str]:
             else ""
         )
         lines += [
-            f"* {where}, {_code(e.row.label)} {_stat(e.row, e.metric)}: **{e.verdict_text}**"
+            f"* {where}, {code_span(e.row.label)} {_stat(e.row, e.metric)}: **{e.verdict_text}**"
             + (f" ({_reason(e)}{adjusted})" if e.reason or adjusted else ""),
             "",
         ]
@@ -173,7 +169,7 @@ def _best_of(evaluations: list[Evaluation]) -> list[str]:
             "  |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for x in e.lines:
-            cells = [_code(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
+            cells = [code_span(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
             cells += [format_p(x.p_holm), x.comparison.test, x.verdict]
             lines.append("  | " + " | ".join(cells) + " |")
         lines.append("")
@@ -186,7 +182,7 @@ def _commits(results: Results) -> str:
     commits = sorted({str(c) for c in finished.get("git_commit", []) if str(c) not in ("", "nan", "None")})
     if not commits:
         return "commit not logged"
-    shown = ", ".join(_code(c[:12] + ("-dirty" if c.endswith("-dirty") else "")) for c in commits)
+    shown = ", ".join(code_span(c[:12] + ("-dirty" if c.endswith("-dirty") else "")) for c in commits)
     return f"commit{'s' if len(commits) > 1 else ''} {shown}" + (
         " (runs from more than one commit)" if len(commits) > 1 else ""
     )
@@ -214,21 +210,21 @@ def render_claims(
 ) -> str:
     """The text of ``claims.md`` (``source``: the runs.csv it was rebuilt from, if not the store)."""
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    where = f"experiments {', '.join(_code(e) for e in experiments)}" if experiments else "the runs selected"
+    where = f"experiments {', '.join(code_span(e) for e in experiments)}" if experiments else "the runs selected"
     if source:
-        where = f"{_code(source)} (the runs of {where}, read back without the MLflow store)"
+        where = f"{code_span(source)} (the runs of {where}, read back without the MLflow store)"
     alpha = f"{claims.alpha:g}"
     lines = [
         f"# The paper's claims, tested on these runs: {markdown_escape(name)}",
         "",
         f"Generated by `mesh-results` on {stamp} from {where}; {_commits(results)}. Claims from "
-        f"{_code(claims.source)}, tests from `results/stats.py`.",
+        f"{code_span(claims.source)}, tests from `results/stats.py`.",
         "",
         f"* **Test**: {METHOD}. p is two-sided; **α = {alpha}**. Δ is the claimed row minus the other; "
         "PPL is compared on the log scale: Δ is the difference of mean log PPL (= of mean val loss, nats) "
         "and Δ % is exp(Δ) - 1; other metrics: Δ % is Δ over the other row's mean.",
         "* **Error-rate control** across this report: the primary claims "
-        f"({', '.join(_code(c.id) for c in claims.claims if c.priority == 'primary')}) form one family, "
+        f"({', '.join(code_span(c.id) for c in claims.claims if c.priority == 'primary')}) form one family, "
         "Holm-adjusted (family-wise error rate α); the secondary claims and every metric shown *also* get "
         "Benjamini-Hochberg (false discovery rate α). Raw and adjusted p are shown; holds and contradicted "
         "use the adjusted p.",
@@ -262,7 +258,7 @@ def render_claims(
         own = [e for e in evaluations if e.claim.id == claim.id]
         lines += [
             "",
-            f"## {_code(claim.id)}",
+            f"## {code_span(claim.id)}",
             "",
             markdown_escape(claim.statement)
             + (f" *(paper: {markdown_escape(claim.paper)})*" if claim.paper else "")

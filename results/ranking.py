@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from results.aggregate import Block, Results, Row, decimals_for, is_accuracy
 from results.claims import Evaluation
-from results.render import markdown_escape
+from results.render import code_span, markdown_escape
 from results.stats import diff_text
 
 BASE = "base"
@@ -73,7 +73,7 @@ def ranking(results: Results, evaluations: Sequence[Evaluation]) -> list[str]:
             base = base_of(block, row)
             comparison = row.compare(base, metric) if base is not None and base is not row else None
             delta = "—" if base is row else diff_text(comparison.scaled(scale), decimals) if comparison else ""
-            cells = [str(rank), f"`{markdown_escape(row.label)}`", stat.text(decimals, scale), delta]
+            cells = [str(rank), code_span(row.label), stat.text(decimals, scale), delta]
             lines.append("| " + " | ".join(cells) + f" | {verdict(row, base, evaluations, metrics)} |")
         lines.append("")
     if not lines:

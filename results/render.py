@@ -15,6 +15,12 @@ def markdown_escape(text: str) -> str:
     return text.translate(_MD_SPECIAL)
 
 
+def code_span(text: str) -> str:
+    """``text`` as inline code in a Markdown table cell: a backslash escape would show as written
+    there (``anchor\\_emb``), so only the cell's ``|`` is escaped and a backtick replaced."""
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
+
+
 def _md_cell(cell: Cell) -> str:
     text = markdown_escape(cell.text)
     if not text:

@@ -322,7 +322,7 @@ def test_the_report_opens_with_each_blocks_ranking_by_ppl_with_delta_vs_base_and
     report = (synthetic / "report.md").read_text()
     assert report.split("\n## ", 2)[1].startswith("Ranking\n")
     rows = _ranking(report, "pythia-410m, compute depth 24")
-    labels = [r[1].strip("`").replace("\\", "") for r in rows]
+    labels = [r[1].strip("`") for r in rows]  # code spans, as written (no backslash escapes in them)
     assert labels == [
         "mesh 4+8R2+4 B5",
         "vanilla 24",
