@@ -264,10 +264,16 @@ def _token_ticks(ax: Any, x: str) -> None:
         ax.xaxis.set_major_formatter(EngFormatter())  # 20k, 1.6M
 
 
+BAND_MARGIN = 1.25  # the validation curves' y axis: the means' range, widened by this factor each way
+
+
 def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str) -> Any | None:
     """One panel per validation set of ``block``: each row's validation PPL over training, mean over
     its seeds with the 95% t band (where n >= 2), in its scheme's colour (the k-th row of a scheme
-    with the k-th line style), log y. None when the block logged no validation PPL."""
+    with the k-th line style), log y. The y axis spans the means (x/÷ :data:`BAND_MARGIN`) and the
+    bands are cut at its ends: with two seeds the t band is ±12.7 standard errors, often below 0,
+    which on a log axis would stretch it to 0.1 and flatten every curve. None when the block
+    logged no validation PPL."""
     from results.curves import row_bands
 
     rows = next((b.rows for b in results.blocks if b.name == block), [])
@@ -279,6 +285,8 @@ def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str)
     variants = _marker_styles(rows)
     x, x_label = _x_axis(curves[curves["block"] == block])
     for ax, (name, bands) in zip(axes, panels, strict=True):
+        drawn = bands[bands["row"].isin([r.label for r in rows])]["mean"]
+        bottom, top = drawn.min() / BAND_MARGIN, drawn.max() * BAND_MARGIN
         for row in rows:
             curve = bands[bands["row"] == row.label].sort_values("step")
             if not len(curve):
@@ -289,10 +297,10 @@ def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str)
             ax.plot(curve[x], curve["mean"], style, color=color, marker=".", label=f"{row.label} (n={n})")
             band = curve["low"].notna()
             if band.any():
-                ax.fill_between(
-                    curve[x][band], curve["low"][band], curve["high"][band], color=color, alpha=0.15, linewidth=0
-                )
+                low, high = curve["low"][band].clip(lower=bottom), curve["high"][band].clip(upper=top)
+                ax.fill_between(curve[x][band], low, high, color=color, alpha=0.15, linewidth=0)
         ax.set_yscale("log")
+        ax.set_ylim(bottom, top)
         _token_ticks(ax, x)
         ax.set_xlabel(x_label)
         ax.set_ylabel(f"validation PPL ({name})")

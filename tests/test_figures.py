@@ -265,6 +265,29 @@ def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_l
     assert min(ys) == pytest.approx(low) and max(ys) == pytest.approx(high)
 
 
+def test_validation_axis_spans_the_means_when_a_two_seed_band_goes_below_zero():
+    from results.plots import BAND_MARGIN, validation_curves_figure
+
+    rows = [_row("base", "1+2R2+1", (97.0, 98.0), 66.67), _row("mesh", "1+2R2+1", (83.0, 86.0), 66.7)]
+    results = _results(rows)
+    block = results.blocks[0].name
+    first = {"base": (300.0, 340.0), "mesh": (250.0, 330.0)}  # t band of mesh's: 290 ± 508, below 0
+    records = [
+        (run_id, row.label, row.scheme, seed, block, step, step * 100, "val/pile/ppl", value)
+        for row in rows
+        for i, (run_id, seed) in enumerate(zip(row.run_ids, row.seeds, strict=True))
+        for step, value in ((10, first[row.scheme][i]), (20, row.stats["val/pile/ppl"].values[i]))
+    ]
+    curves = pd.DataFrame.from_records(
+        records, columns=["run_id", "row", "scheme", "seed", "block", "step", "tokens", "metric", "value"]
+    )
+    (ax,) = validation_curves_figure(results, curves, block).axes
+    assert ax.get_ylim() == pytest.approx((84.5 / BAND_MARGIN, 320.0 * BAND_MARGIN))
+    for band in ax.collections:
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert ys.min() >= 84.5 / BAND_MARGIN - 1e-9 and ys.max() <= 320.0 * BAND_MARGIN + 1e-9
+
+
 # ---------------------------------------------------------------- the ranking, parameter shares, smoothing
 
 
