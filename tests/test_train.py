@@ -173,7 +173,7 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compos
     [
         (
             ["nonexistent=1"],
-            "error: 'nonexistent' is not a config key; known keys: activation_checkpointing, allow_large, buffer_slots",
+            "error: 'nonexistent' is not a config key; known keys: activation_checkpointing, allow_large, allow_nonfinite, buffer_slots",
         ),
         (
             ["data.seq_lenn=64"],
@@ -181,7 +181,7 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compos
         ),
         (
             ["data=wikipedia"],
-            "error: data='wikipedia' is invalid: known options: cpython, hf, indexed, kjv, shakespeare, text",
+            "error: data='wikipedia' is invalid: known options: cpython, docs, hf, indexed, kjv, shakespeare, text",
         ),
         (
             ["model=tiniest"],
