@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CPU-scale reproduction: every command that produced this folder, run from the repository root
+# The CPU-scale reproduction in the multi-epoch regime (superseded by one-pass/run.sh): every command
+# that produced the multi-epoch reports of this folder, run from the repository root
 # after `make setup data`. Every run: 2500 steps of batch 16 x 128 tokens (5.1M tokens, about 25
 # tokens per non-embedding parameter at tiny), peak LR 2e-3 with the paper's schedule (1% warmup,
 # cosine to 10%) for every preset, 3 seeds, probes at the end. Grids are packed onto the machine
