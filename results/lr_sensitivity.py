@@ -121,7 +121,9 @@ def lr_frame(curves: list[LrCurve]) -> pd.DataFrame:
 
 
 def _lr_text(lr: float) -> str:
-    return f"{lr:.0e}".replace("e-0", "e-") if lr < 0.01 else f"{lr:g}"
+    """``4e-3``, ``1.6e-2``: one notation for every LR of a sweep."""
+    mantissa, exponent = f"{lr:.3e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
 
 
 def lr_markdown(curves: list[LrCurve], metric_label: str) -> list[str]:

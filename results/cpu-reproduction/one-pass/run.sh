@@ -9,7 +9,8 @@
 #   bash results/cpu-reproduction/one-pass/run.sh plan          # seeds and CPU-hours each stage would need
 #
 # Stages, in the order the budget is spent:
-#   lr       vanilla, base, anchor* and MeSH at peak LR 1e-3, 2e-3, 4e-3, 8e-3, 2 seeds, a quarter of the
+#   lr       vanilla, base, anchor* and MeSH at peak LR 1e-3, 2e-3, 4e-3, 8e-3 (anchor*, MeSH also
+#            1.6e-2), 2 seeds, a quarter of the
 #            budget (625 steps, 1.3M tokens), no probes: each scheme's best LR
 #   schemes  vanilla, base, anchor, anchor*, MeSH at tiny 1+2R2+1, each at its own LR, seeds=auto
 #            (stages of 3, cap 12): the primary claims MeSH < base, < anchor, < anchor*, base > vanilla
@@ -50,7 +51,12 @@ EOF
 
 for stage in "${STAGES[@]}"; do
   case "$stage" in
-    lr) sweep lr seeds=2 max_steps=625 val_every=125 checkpoint_every=125 probes.enabled=false ;;
+    lr)
+      LR=(seeds=2 max_steps=625 val_every=125 checkpoint_every=125 probes.enabled=false)
+      sweep lr "${LR[@]}"
+      # anchor* was best at 8e-3, the edge, and MeSH within 1.6% of it there: one LR further for both
+      sweep lr "${LR[@]}" scheme=anchor_emb,mesh optim.lr=0.016
+      ;;
     schemes)
       # shellcheck disable=SC2046  # one word per override
       sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh seeds=auto seeds.max=12 "${FULL[@]}" \
