@@ -19,7 +19,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from experiments.data.config import DataConfig
-from mesh_model import ConfigError, SchemeSpec, did_you_mean
+from experiments.identity import canonical_variant
+from mesh_model import ConfigError, did_you_mean
 from mesh_model.scheme_names import NAMED_SCHEMES, UNKNOWN_SCHEME
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
@@ -59,12 +60,6 @@ class TrainerConfig:
         return self.precision or ("bf16-mixed" if self.accelerator == "gpu" else "32-true")
 
 
-def _canonical_scheme(name: str) -> str:
-    """``vanilla`` or the scheme's canonical name (``anchor*`` -> ``anchor_emb``); ConfigError if unknown."""
-    text = str(name).strip().lower()
-    return "vanilla" if text == "vanilla" else SchemeSpec.parse(text).canonical
-
-
 @dataclass
 class OptimConfig:
     """AdamW with the paper's (Pythia's) recipe. ``lr`` null takes the preset's peak LR. The LR
@@ -91,15 +86,15 @@ class OptimConfig:
             if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < float("inf"):
                 raise ConfigError(f"optim.lr_by_scheme.{scheme}", lr, "must be a finite number > 0")
             try:
-                _canonical_scheme(scheme)
+                canonical_variant(scheme)
             except ConfigError:
                 known = did_you_mean(scheme, NAMED_SCHEMES) + UNKNOWN_SCHEME
                 raise ConfigError("optim.lr_by_scheme", scheme, known) from None
 
     def peak_lr(self, scheme: str, preset_lr: float) -> float:
         """The peak LR of a run of ``scheme``: its entry in ``lr_by_scheme``, else ``lr``, else the preset's."""
-        by_scheme = {_canonical_scheme(k): v for k, v in self.lr_by_scheme.items()}
-        lr = by_scheme.get(_canonical_scheme(scheme), self.lr)
+        by_scheme = {canonical_variant(k): v for k, v in self.lr_by_scheme.items()}
+        lr = by_scheme.get(canonical_variant(scheme), self.lr)
         return float(lr) if lr is not None else preset_lr
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError("optim.betas", list(self.betas), "two numbers in [0, 1)")

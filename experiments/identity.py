@@ -68,6 +68,12 @@ VANILLA = "vanilla"
 INIT = "per-tensor-streams"
 
 
+def canonical_variant(name: str) -> str:
+    """``vanilla`` or the scheme's canonical name (``anchor*`` -> ``anchor_emb``); a ``ConfigError``
+    for a name that is neither."""
+    return VANILLA if name == VANILLA else SchemeSpec.parse(name).canonical
+
+
 def _covers(prefixes: tuple[str, ...], key: str) -> bool:
     return any(key == p or key.startswith(p if p.endswith((".", "/")) else f"{p}.") for p in prefixes)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from mesh_model import ConfigError, Layout, SchemeSpec
+from experiments.identity import canonical_variant
+from mesh_model import ConfigError, Layout
 
 DATA_FILE = "paper_numbers.csv"
 PAPER_METRICS = ("loss", "ppl", "0shot", "5shot")  # the columns of the data file that hold numbers
@@ -41,11 +42,9 @@ class PaperRow:
 
 
 def canonical_scheme(name: str) -> str:
-    """``vanilla`` or the scheme's canonical name (``anchor*`` -> ``anchor_emb``); unparsable names pass through."""
-    if name == "vanilla":
-        return name
+    """:func:`~experiments.identity.canonical_variant`, but an unparsable name passes through."""
     try:
-        return SchemeSpec.parse(name).canonical
+        return canonical_variant(name)
     except ConfigError:
         return name
 
