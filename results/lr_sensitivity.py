@@ -23,7 +23,8 @@ from mesh_model.probe_plots import _figure, _save, scheme_color
 from results.aggregate import Results, Row
 
 LR_PARAM = "peak_lr"  # the LR a run trained at, logged whatever set it (optim.lr, the preset, lr_by_scheme)
-_LR_OVERRIDE = re.compile(r"\s*\b(optim\.lr|optim\.lr_by_scheme|peak_lr)=\S+")
+# What a row's label says of its LR: optim.lr=..., or an entry of optim.lr_by_scheme (logged flat).
+_LR_OVERRIDE = re.compile(r"\s*\boptim\.lr(?:_by_scheme\.\w+)?=\S+")
 
 
 @dataclass(frozen=True)
