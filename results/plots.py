@@ -38,6 +38,7 @@ from mesh_model.probe_plots import (
 )
 from results.aggregate import Results, Row
 from results.paper import PaperRow
+from results.ranking import ranked_rows
 
 
 def _marker_styles(rows: Sequence[Row]) -> dict[str, int]:
@@ -51,9 +52,7 @@ def ranking_figure(results: Results) -> Any | None:
     metric = results.ppl_metric
     panels = []
     for block in results.blocks:
-        rows = [r for r in block.rows if metric in r.stats]
-        rows.sort(key=lambda r: r.stats[metric].mean, reverse=not results.lower_is_better)
-        if rows:
+        if rows := ranked_rows(results, block):  # the order of report.md's ranking
             panels.append((block.name, rows))
     if not panels:
         return None
