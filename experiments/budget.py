@@ -132,10 +132,10 @@ def run_cost(
     return RunCost(flops * budget.total_tokens, on_gpu, files * CHECKPOINT_COPIES * param_bytes * parameters)
 
 
-def flop_seconds(model_config: ModelConfig, tokens: float, cores: int) -> float:
-    """One run's wall time on ``cores`` CPU cores by the FLOP model: training FLOPs per token x
-    ``tokens`` / the cores' rate."""
-    return model_size(model_config)[0] * tokens / (CPU_FLOPS * cores)
+def flop_seconds(model_config: ModelConfig, budget: StepBudget, cores: int) -> float:
+    """One run's wall time on ``cores`` CPU cores by the FLOP model: its training FLOPs, counted as
+    :func:`run_cost` counts them (at the budget's sequence length), / the cores' rate."""
+    return model_size(model_config, budget.seq_len)[0] * budget.total_tokens / (CPU_FLOPS * cores)
 
 
 def model_size(model_config: ModelConfig, seq_len: int | None = None) -> tuple[int, int]:

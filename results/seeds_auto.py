@@ -351,4 +351,4 @@ PLAN_SEEDS = 16  # --plan reads the finished runs of seeds 0..15
 
 def _flop_seconds(plan: RunPlan, cores: int) -> float:
     """One run's wall time from the FLOP model (experiments/budget.py, also what mesh-sweep estimates)."""
-    return flop_seconds(plan.model_config, plan.budget.total_tokens, cores)
+    return flop_seconds(plan.model_config, plan.budget, cores)

@@ -6,7 +6,9 @@ import io
 import re
 from types import SimpleNamespace
 
-from experiments.budget import flop_seconds
+import pytest
+
+from experiments.budget import flop_seconds, run_cost
 from results.seeds_auto import cores_per_cell, grid_arms, print_plan
 from sweeps.packing import usable_cores
 
@@ -25,7 +27,10 @@ def test_local_cells_share_the_machine_and_the_eta_is_core_hours_over_its_cores(
     n, cpu_h, eta, unit = re.search(r"(\d+) seeds per arm .* ([\d.]+) CPU-h, ETA ([\d.]+) (h|min)", line).groups()
     eta_h = float(eta) / (60 if unit == "min" else 1)
     # The FLOP model at the cell's cores, for 2 arms of n seeds; core-hours do not depend on the cores.
-    per_run = flop_seconds(plans[0].model_config, plans[0].budget.total_tokens, cores_per_cell(launch))
+    per_run = flop_seconds(plans[0].model_config, plans[0].budget, cores_per_cell(launch))
+    # The same FLOPs as the estimate mesh-sweep prints before planning (experiments.budget.run_cost).
+    same_run = run_cost(plans[0].model_config, plans[0].budget, False, 4, plans[0].config["checkpoint_every"])
+    assert per_run * cores_per_cell(launch) == pytest.approx(same_run.hours * 3600)
     assert float(cpu_h) == float(f"{per_run * cores_per_cell(launch) * int(n) * 2 / 3600:.3g}")
     assert abs(eta_h - float(cpu_h) / (cores_per_cell(launch) * launch.launcher.concurrency)) <= 0.06 * eta_h
 
