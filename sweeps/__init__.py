@@ -2,10 +2,11 @@
 lives one layer up, in results/).
 
 * ``conf/``: ``sweep/<grid>.yaml`` (the grids), ``launcher/`` and ``resources/`` (how they run);
-* ``grids``: the grid catalogue; ``config``: the launch schema (launcher, resources, seeds);
+* ``grids``: the grid catalogue;
 * ``grid``: a grid and the command line -> its cells, their plans and the grid's key;
 * ``cells``: a cell, its outcome and :func:`~sweeps.cells.run_cell`, which trains one;
-* ``launchers``: local, parallel, submitit_local and SLURM, one class each behind one interface;
+* ``launch/``: local, packed, parallel, submitit_local and SLURM, one class each behind one
+  interface, and the launch schema (launcher, resources, seeds);
 * ``jobs``: a grid's SLURM jobs (``jobs.json``), their states (squeue, sacct), scancel;
 * ``search``: Optuna searches, whose trials are cells;
 * ``parent``: the sweep's MLflow parent run (what the grid is, how far it got, its summary);

@@ -18,9 +18,9 @@ from experiments.overrides import OverrideError, check_overrides, parse_override
 from experiments.plan import RunPlan, plan_run, with_seed
 from mesh_model import ConfigError, did_you_mean
 from sweeps.cells import Cell
-from sweeps.config import CONFIG_MODULE, LaunchConfig, ResourcesConfig, register_launch_configs
 from sweeps.grids import sweep_names
-from sweeps.launchers import LAUNCHERS
+from sweeps.launch.base import ResourcesConfig
+from sweeps.launch.config import CONFIG_MODULE, LAUNCHERS, LaunchConfig, register_launch_configs
 
 LAUNCH_KEYS = ("launcher", "resources", "seeds")
 

@@ -10,7 +10,7 @@ where a grid lists layouts) for the paper's scale.
 from __future__ import annotations
 
 from experiments.compose import group_options
-from sweeps.config import CONFIG_MODULE
+from sweeps.launch.config import CONFIG_MODULE
 
 GROUP = "sweep"
 

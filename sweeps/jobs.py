@@ -32,7 +32,7 @@ COMPLETING = "COMPLETING"  # its processes are ending: no longer live, but its r
 KILLED_BY = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
 GONE = "GONE"  # neither squeue nor sacct knows the job (cancelled while pending, or purged)
 # Preempted and not requeued (PreemptMode=CANCEL): submitit waits on such a job as if SLURM might
-# still requeue it (sweeps/launchers.py asks SLURM itself).
+# still requeue it (sweeps/launch/slurm.py asks SLURM itself).
 PREEMPTED = "PREEMPTED"
 
 

@@ -62,7 +62,6 @@ from experiments.tracking import RunRecord, TrackingError, terminate_run
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
 from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
-from sweeps.config import LaunchConfig
 from sweeps.estimate import confirmed, count_line, distinct_configs, estimate_grid
 from sweeps.grid import (
     SweepError,
@@ -76,7 +75,8 @@ from sweeps.grid import (
 )
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.jobs import COMPLETING, job_states, live, read_jobs
-from sweeps.launchers import LaunchError
+from sweeps.launch.base import LaunchError
+from sweeps.launch.config import LaunchConfig
 from sweeps.parent import DETACHED_TAG, ParentRun, grid_params, val_sets
 from sweeps.progress import COMPLETED, GridConsole, next_steps, results_command, summary_table, trials_table
 
@@ -326,7 +326,7 @@ def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome]
     """Record every outcome the launcher yields; True when Ctrl-C stopped the grid.
 
     A launcher stops its running cells on KeyboardInterrupt, yields what became of them and raises
-    it again (sweeps/launchers.py). When the interrupt lands here instead (between two outcomes),
+    it again (sweeps/launch/). When the interrupt lands here instead (between two outcomes),
     it is thrown into the launcher at its ``yield`` so that it does the same."""
     try:
         for outcome in outcomes:

@@ -13,7 +13,8 @@ import pytest
 from experiments.compose import compose_config
 from experiments.plan import plan_run
 from sweeps.grid import compose_launch
-from sweeps.launchers import LaunchError, PackedLauncher
+from sweeps.launch.base import LaunchError
+from sweeps.launch.local import PackedLauncher
 from sweeps.packing import GB, PROCESS_BYTES, CellNeeds, choose_packing
 from sweeps.sweep import run_sweep
 

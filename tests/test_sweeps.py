@@ -23,11 +23,13 @@ from experiments.compose import compose_config
 from experiments.plan import InputError, plan_run
 from experiments.train import train
 from mesh_model import ConfigError
-from sweeps import launchers
 from sweeps.cells import FINISHED, Cell, CellOutcome
 from sweeps.grid import compose_launch, expand_cells
 from sweeps.grids import sweep_names
-from sweeps.launchers import CellJob, SlurmLauncher
+from sweeps.launch import job
+from sweeps.launch.base import ResourcesConfig
+from sweeps.launch.job import CellJob
+from sweeps.launch.slurm import SlurmLauncher
 from sweeps.sweep import main, run_sweep
 
 # Every sweep file must appear here with its default grid: a new file without a test fails.
@@ -280,7 +282,7 @@ def test_a_slurm_cell_ignores_usr2_once_it_has_ended_and_hands_it_to_submitit_af
 
     previous = signal.signal(usr2, submitits)
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
-    monkeypatch.setattr(launchers, "run_cell", run_cell)
+    monkeypatch.setattr(job, "run_cell", run_cell)
     cell = Cell(0, ["scheme=base"], "scheme=base")
     try:
         if ends == "finished":
@@ -304,7 +306,7 @@ def test_a_training_that_does_not_stop_in_time_after_usr2_is_handed_to_submitit_
     previous = signal.signal(usr2, lambda signum, frame: heard.append(signum))  # submitit's requeue
     sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a stop still in progress
     try:
-        with launchers._usr2_stops_training_first(stop_within_s=0.2):
+        with job._usr2_stops_training_first(stop_within_s=0.2):
             signal.signal(signal.SIGTERM, lambda signum, frame: None)  # training: its own handler
             os.kill(os.getpid(), usr2)
             time.sleep(0.1)
@@ -318,7 +320,6 @@ def test_a_training_that_does_not_stop_in_time_after_usr2_is_handed_to_submitit_
 
 
 def test_the_usr2_warning_is_a_tenth_of_the_limit_at_most_90_s_or_what_is_asked(tmp_path):
-    from sweeps.config import ResourcesConfig
 
     assert SlurmLauncher().signal_delay(ResourcesConfig(time_min=5)) == 30
     assert SlurmLauncher().signal_delay(ResourcesConfig(time_min=2880)) == 90
