@@ -19,7 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from mesh_model.probe_plots import _figure, _save, scheme_color
+from experiments.probing.figures import figure, save_figure
+from mesh_model.probe_names import scheme_color
 from results.aggregate import Results, Row
 
 LR_PARAM = "peak_lr"  # the LR a run trained at, logged whatever set it (optim.lr, the preset, lr_by_scheme)
@@ -173,7 +174,7 @@ def lr_figure(curves: list[LrCurve], metric_label: str) -> Any | None:
     if not curves:
         return None
     blocks = list(dict.fromkeys(c.block for c in curves))
-    fig, axes = _figure(0.5 + 6.0 * len(blocks), 4.2, ncols=len(blocks))
+    fig, axes = figure(0.5 + 6.0 * len(blocks), 4.2, ncols=len(blocks))
     for ax, block in zip(axes, blocks, strict=True):
         for curve in (c for c in curves if c.block == block):
             color = scheme_color(curve.scheme)
@@ -206,7 +207,7 @@ def write_lr_sensitivity(results: Results, out: Path, figures: Path) -> tuple[li
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "lr.csv", index=False)
     fig = lr_figure(curves, results.metric_label)
-    paths = [out / "lr.csv", *_save(fig, figures, "lr_sensitivity")]
+    paths = [out / "lr.csv", *save_figure(fig, figures, "lr_sensitivity")]
     lines = lr_markdown(curves, results.metric_label)
     png = next(p for p in paths if p.suffix == ".png")
     lines[-1:-1] = ["", f"![{results.metric_label} against the peak LR]({png.relative_to(out).as_posix()})"]

@@ -8,12 +8,12 @@
   then the mean over seeds with a ± std band, a panel per block;
 * validation PPL over tokens per block (mean ± 95% t band over seeds), and each primary claim's Δ in
   validation loss over tokens with its 95% CI (:mod:`results.curves` computes both);
-* the probe comparison of each block (:func:`mesh_model.probe_plots.plot_comparison`), and, where
+* the probe comparison of each block (:func:`experiments.probing.figures.plot_comparison`), and, where
   rows are mixtures of experts, their routing per router call, mean ± std over seeds
-  (:func:`mesh_model.probe_plots.routing_comparison_figure`).
+  (:func:`experiments.probing.figures.routing_comparison_figure`).
 
 Every ``plot_*`` function returns the paths it wrote, or an empty list when the runs hold nothing to
-draw; a scheme has the same colour in every figure (:func:`mesh_model.probe_plots.scheme_color`).
+draw; a scheme has the same colour in every figure (:func:`mesh_model.probe_names.scheme_color`).
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ from typing import Any
 
 import pandas as pd
 
-from mesh_model.probe_plots import (
+from experiments.probing.figures import (
     LINE_STYLES,
     MARKERS,
     ROUTING_KINDS,
-    _figure,
-    _save,
+    figure,
     plot_comparison,
     routing_comparison_figure,
-    scheme_color,
-    variant_index,
+    save_figure,
 )
+from mesh_model.probe_names import scheme_color, variant_index
 from results.aggregate import Results, Row
 from results.paper import PaperRow
 from results.ranking import ranked_rows
@@ -57,7 +56,7 @@ def ranking_figure(results: Results) -> Any | None:
     if not panels:
         return None
     longest = max(len(rows) for _, rows in panels)
-    fig, axes = _figure(0.5 + 6.0 * len(panels), 1.3 + 0.38 * longest, ncols=len(panels))
+    fig, axes = figure(0.5 + 6.0 * len(panels), 1.3 + 0.38 * longest, ncols=len(panels))
     for ax, (name, rows) in zip(axes, panels, strict=True):
         for y, row in enumerate(rows):
             stat, color = row.stats[metric], scheme_color(row.scheme)
@@ -74,7 +73,7 @@ def ranking_figure(results: Results) -> Any | None:
 def plot_ranking(results: Results, out_dir: str | Path, stem: str = "ranking") -> list[Path]:
     """:func:`ranking_figure`, saved."""
     fig = ranking_figure(results)
-    return [] if fig is None else _save(fig, out_dir, stem)
+    return [] if fig is None else save_figure(fig, out_dir, stem)
 
 
 def shares_spread(results: Results) -> bool:
@@ -98,7 +97,7 @@ def ppl_vs_params_figure(results: Results) -> Any | None:
             by_preset.setdefault(row.preset, []).append(row)
     if not by_preset:
         return None
-    fig, axes = _figure(0.5 + 8.0 * len(by_preset), 4.2, ncols=len(by_preset))
+    fig, axes = figure(0.5 + 8.0 * len(by_preset), 4.2, ncols=len(by_preset))
     for ax, (preset, rows) in zip(axes, by_preset.items(), strict=True):
         variants = _marker_styles(rows)
         for row in rows:
@@ -124,7 +123,7 @@ def ppl_vs_params_figure(results: Results) -> Any | None:
 def plot_ppl_vs_params(results: Results, out_dir: str | Path, stem: str = "ppl_vs_params") -> list[Path]:
     """:func:`ppl_vs_params_figure`, saved."""
     fig = ppl_vs_params_figure(results)
-    return [] if fig is None else _save(fig, out_dir, stem)
+    return [] if fig is None else save_figure(fig, out_dir, stem)
 
 
 def _slots(row: Row) -> int | None:
@@ -149,7 +148,7 @@ def plot_buffer_slots(
     series = {k: sorted(v, key=_slots) for k, v in series.items() if len({_slots(r) for r in v}) >= 2}
     if not series:
         return []
-    fig, (ax,) = _figure(5.5, 4.0)
+    fig, (ax,) = figure(5.5, 4.0)
     for k, ((preset, layout, overrides), rows) in enumerate(series.items()):
         label = " ".join(filter(None, [preset, layout, overrides]))
         ax.errorbar(
@@ -183,7 +182,7 @@ def plot_buffer_slots(
     ax.set_title("MeSH: PPL vs B")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, out_dir, stem)
+    return save_figure(fig, out_dir, stem)
 
 
 SMOOTHING_FRACTION = 10  # the rolling window: 1/10 of a run's logged steps
@@ -217,7 +216,7 @@ def train_loss_figure(results: Results, histories: pd.DataFrame) -> Any | None:
     blocks = [b for b in results.blocks if any(histories["run_id"].isin(r.run_ids).any() for r in b.rows)]
     if not blocks:
         return None
-    fig, axes = _figure(0.5 + 5.5 * len(blocks), 4.0, ncols=len(blocks))
+    fig, axes = figure(0.5 + 5.5 * len(blocks), 4.0, ncols=len(blocks))
     for ax, block in zip(axes, blocks, strict=True):
         variants = _marker_styles(block.rows)
         for row in block.rows:
@@ -246,7 +245,7 @@ def plot_train_loss(
 ) -> list[Path]:
     """:func:`train_loss_figure`, saved."""
     fig = train_loss_figure(results, histories)
-    return [] if fig is None else _save(fig, out_dir, stem)
+    return [] if fig is None else save_figure(fig, out_dir, stem)
 
 
 def _x_axis(frame: pd.DataFrame) -> tuple[str, str]:
@@ -280,7 +279,7 @@ def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str)
     panels = [(s, bands) for s, bands in panels if len(bands)]
     if not rows or not panels:
         return None
-    fig, axes = _figure(0.5 + 5.5 * len(panels), 4.0, ncols=len(panels))
+    fig, axes = figure(0.5 + 5.5 * len(panels), 4.0, ncols=len(panels))
     variants = _marker_styles(rows)
     x, x_label = _x_axis(curves[curves["block"] == block])
     for ax, (name, bands) in zip(axes, panels, strict=True):
@@ -315,7 +314,7 @@ def plot_validation_curves(results: Results, curves: pd.DataFrame, out_dir: str 
     for block in results.blocks:
         fig = validation_curves_figure(results, curves, block.name)
         if fig is not None:
-            figures[block.name] = _save(fig, out_dir, f"val_ppl_{slug(block.name)}")
+            figures[block.name] = save_figure(fig, out_dir, f"val_ppl_{slug(block.name)}")
     return figures
 
 
@@ -327,7 +326,7 @@ def claim_delta_figure(deltas: pd.DataFrame, claim: str) -> Any | None:
     if own.empty:
         return None
     panels = list(own.groupby(["block", "metric"], sort=False))
-    fig, axes = _figure(0.5 + 5.5 * len(panels), 4.0, ncols=len(panels))
+    fig, axes = figure(0.5 + 5.5 * len(panels), 4.0, ncols=len(panels))
     x, x_label = _x_axis(own)
     for ax, ((block, metric), panel) in zip(axes, panels, strict=True):
         for k, ((row, other, scheme), curve) in enumerate(panel.groupby(["row", "other", "other_scheme"], sort=False)):
@@ -356,7 +355,7 @@ def plot_claim_deltas(deltas: pd.DataFrame, claims: Sequence[str], out_dir: str 
     for claim in claims:
         fig = claim_delta_figure(deltas, claim)
         if fig is not None:
-            figures[claim] = _save(fig, out_dir, f"delta_{claim}")
+            figures[claim] = save_figure(fig, out_dir, f"delta_{claim}")
     return figures
 
 
@@ -369,7 +368,7 @@ ROUTING_SUMMARIES = ("mean", "loop_mean", "chance")  # probe/moe_<kind>/<summary
 
 def routing_series(row: Row) -> dict[str, dict[str, tuple[float, float | None]]]:
     """A MoE row's routing metrics (experiments.probing.routing) as
-    :func:`~mesh_model.probe_plots.routing_comparison_figure` takes them: ``load_cv`` and
+    :func:`~experiments.probing.figures.routing_comparison_figure` takes them: ``load_cv`` and
     ``entropy`` per router call, ``jaccard`` per pair of iterations, each (mean, std) over seeds;
     empty for a dense row."""
     series: dict[str, dict[str, tuple[float, float | None]]] = {}
@@ -414,7 +413,7 @@ def plot_probes(results: Results, reports: Mapping[str, Any], out_dir: str | Pat
                 _chance(routed),
             )
             fig.suptitle("mixture-of-experts routing (mean ± std over seeds)")
-            figures.setdefault(block.name, {})["routing"] = _save(fig, folder, "probe_compare_routing")
+            figures.setdefault(block.name, {})["routing"] = save_figure(fig, folder, "probe_compare_routing")
     return figures
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mesh_model.probe_plots import block_order, shown_blocks
+from mesh_model.probe_names import block_order, shown_blocks
 from results.aggregate import ACTIVE_PARAMS, Block, Results, Row, Stat, decimals_for, is_accuracy
 from results.stats import ALPHA, METHOD, diff_text, format_p
 
@@ -315,7 +315,7 @@ ROUTING_COLUMNS = (
 
 def _shown_blocks(row: Row, kind: str) -> dict[str, str]:
     """The update blocks of ``row`` a reader sees -> the block logged under ``probe/<kind>/<block>/mean``
-    (:func:`mesh_model.probe_plots.shown_blocks`: a vanilla row has one, ``stack``)."""
+    (:func:`mesh_model.probe_names.shown_blocks`: a vanilla row has one, ``stack``)."""
     prefix = f"probe/{kind}/"
     logged = [m.split("/")[2] for m in row.stats if m.startswith(prefix) and m.endswith("/mean")]
     return shown_blocks(logged, vanilla=row.scheme == "vanilla")

@@ -11,16 +11,14 @@ import pytest
 import torch
 from matplotlib.colors import to_hex
 
-from mesh_model.probe_plots import (
-    FALLBACK_COLORS,
+from experiments.probing.figures import (
     PANELS_PER_ROW,
-    SCHEME_COLORS,
     cka_comparison_figure,
     colour_range,
-    scheme_color,
     spectra_comparison_figure,
     updates_figure,
 )
+from mesh_model.probe_names import FALLBACK_COLORS, SCHEME_COLORS, scheme_color
 from mesh_model.probes import ESTIMATORS, ProbeReport
 from results.aggregate import Block, Results, Row, Stat
 from results.plots import (

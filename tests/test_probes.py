@@ -4,8 +4,9 @@ import re
 import pytest
 import torch
 
+from experiments.probing.figures import plot_comparison, plot_report, updates_figure
 from mesh_model import ModelConfig, build_model
-from mesh_model.probe_plots import plot_comparison, plot_report, scheme_color, updates_figure
+from mesh_model.probe_names import scheme_color
 from mesh_model.probes import (
     ESTIMATORS,
     _centred_gram,

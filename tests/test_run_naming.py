@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from experiments.plan import RunPlan, plan_run
 from experiments.train import _open_record, _run_facts
 from mesh_model import build_model
-from mesh_model.probe_plots import scheme_color
+from mesh_model.probe_names import scheme_color
 from results.aggregate import aggregate
 from results.collect import collect_runs
 

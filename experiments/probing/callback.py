@@ -8,7 +8,7 @@ model reads each sample in windows of ``data.seq_len`` tokens, its training leng
 every run on the same data is probed on the same tokens and the numbers compare across runs.
 
 What a probe writes, in ``<run_dir>/probes/step<N>/`` and as MLflow artifacts under the same path:
-the four figures of :func:`mesh_model.probe_plots.plot_report` (update bars, RBF and linear CKA
+the four figures of :func:`experiments.probing.figures.plot_report` (update bars, RBF and linear CKA
 heatmaps, spectra) as PNG and SVG, and ``probes.json`` (:func:`report_to_dict`;
 :func:`load_report` reads it back). ``report.as_metrics()`` goes to the logger at the global
 step. The probe at the end of training is also copied to ``probes/final/``.

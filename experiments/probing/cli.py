@@ -71,7 +71,7 @@ def format_routing(routing: Any) -> str:
     """A MoE run's routing per router call: expert load CV, max and min load (x E), router entropy
     and the Jaccard overlap with the block's next iteration."""
     from experiments.probing.routing import load_stats
-    from mesh_model.probe_plots import call_order, router_calls
+    from mesh_model.probe_names import call_order, router_calls
 
     rows = []
     for block, r in routing.blocks.items():

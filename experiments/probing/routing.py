@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from mesh_model.moe import BlockRouting
-from mesh_model.probe_plots import CORE_PREFIX, router_calls
+from mesh_model.probe_names import CORE_PREFIX, router_calls
 
 
 def chance_jaccard(experts: int, top_k: int) -> float:

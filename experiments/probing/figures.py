@@ -7,16 +7,18 @@ values written in and the estimator's floor in the title; (c) normalised singula
 log axis. :func:`plot_comparison` draws the same three for several reports, in grids of at most
 :data:`PANELS_PER_ROW` panels a row.
 
-One colour per scheme in every figure of the project (:func:`scheme_color`, which ``results.plots``
-uses too). A vanilla layout is shown as one stack, ``stack`` (:func:`shown_blocks`): the probes
-log its update and state as ``prelude`` (all its layers) beside a ``coda`` of 0 layers (update 0, the
-same state again), which it does not have and the figures leave out.
+What is shown and in which order comes from :mod:`mesh_model.probe_names`: one colour per scheme
+(:func:`~mesh_model.probe_names.scheme_color`), a vanilla layout as one stack, ``stack``
+(:func:`~mesh_model.probe_names.shown_blocks`), blocks in the order they run. :func:`figure` and
+:func:`save_figure` are the canvas and the files of every figure of the project (``results`` draws
+its report's figures with them).
 
 A mixture-of-experts run also has its routing drawn (:func:`plot_routing`, one run: the expert load
 of every router call as a heatmap, the router entropy per call, the Jaccard overlap of the chosen
 experts between consecutive loop iterations; :func:`routing_comparison_figure`, several rows: load
 CV, entropy and Jaccard with their spread over seeds). Router calls are named as the probes log
-them (:func:`router_calls`) and drawn in the order they run (:func:`call_order`).
+them (:func:`~mesh_model.probe_names.router_calls`) and drawn in the order they run
+(:func:`~mesh_model.probe_names.call_order`).
 
 matplotlib is imported only when a figure is drawn, and figures are built on the Agg canvas without
 pyplot: nothing touches pyplot's global figure list or the caller's backend, so there is nothing left
@@ -25,117 +27,34 @@ open after a figure is saved.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mesh_model.errors import ConfigError
 from mesh_model.moe import BlockRouting
+from mesh_model.probe_names import (
+    SCHEME_COLORS,
+    block_order,
+    call_order,
+    router_calls,
+    scheme_color,
+    scheme_of,
+    shown_matrix,
+    shown_stages,
+    shown_updates,
+    variant_index,
+)
 from mesh_model.probes import ProbeReport
-from mesh_model.schemes import SchemeSpec
 
 FORMATS = ("png", "svg")
 PANELS_PER_ROW = 3
 MAX_WIDTH = 16.0  # inches: a wider figure is cut into rows
 
-# scheme -> colour (matplotlib's tab10/tab20 hues): every scheme the project runs or the paper
-# reports. Other names get one of FALLBACK_COLORS by a hash of the name (the same in every process).
-SCHEME_COLORS = {
-    "vanilla": "#7f7f7f",
-    "base": "#1f77b4",
-    "residual": "#ff7f0e",
-    "anchor": "#2ca02c",
-    "anchor_emb": "#17becf",
-    "residual+anchor": "#bcbd22",
-    "anchor+anchor_emb": "#98df8a",
-    "residual+anchor+anchor_emb": "#ffbb78",
-    "static": "#9467bd",
-    "dynamic": "#e377c2",
-    "mesh": "#d62728",
-}
-FALLBACK_COLORS = ("#8c564b", "#aec7e8", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#ff9896")
 # The k-th row of one scheme in a figure: its marker, line style and bar hatch.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINE_STYLES = ("-", "--", ":", "-.")
 HATCHES = ("", "//", "..", "xx", "\\\\", "++")
-
-
-def scheme_color(scheme: str) -> str:
-    """The colour of ``scheme`` in every figure: fixed for the names in :data:`SCHEME_COLORS` (and
-    their aliases, e.g. ``anchor*``), else chosen by a hash of the canonical name."""
-    name = scheme.strip().lower()
-    if name not in SCHEME_COLORS:
-        with contextlib.suppress(ConfigError):
-            name = SchemeSpec.parse(name).canonical
-    if name in SCHEME_COLORS:
-        return SCHEME_COLORS[name]
-    digest = hashlib.sha256(name.encode()).digest()
-    return FALLBACK_COLORS[int.from_bytes(digest[:4], "big") % len(FALLBACK_COLORS)]
-
-
-def scheme_of(label: str) -> str:
-    """The scheme of a row label (``mesh 4+8R2+4 B5`` -> ``mesh``): its first word."""
-    return label.split()[0] if label.strip() else label
-
-
-def variant_index(schemes: Iterable[str]) -> list[int]:
-    """For each scheme in order, how many times it came before: the k-th row of a scheme is drawn
-    in its colour with the k-th marker, line style or hatch."""
-    seen: dict[str, int] = {}
-    out = []
-    for scheme in schemes:
-        out.append(seen.get(scheme, 0))
-        seen[scheme] = out[-1] + 1
-    return out
-
-
-VANILLA_STACK = "stack"
-
-
-def shown_blocks(blocks: Iterable[str], vanilla: bool) -> dict[str, str]:
-    """The update blocks a reader sees -> the block name the probes logged. A vanilla layout has one
-    stack, logged as ``prelude`` (embedding -> all its layers; its ``coda`` has 0 layers): shown as
-    :data:`VANILLA_STACK`, nothing else. A looped layout's blocks are shown as logged."""
-    blocks = list(blocks)
-    if vanilla:
-        return {VANILLA_STACK: "prelude"} if "prelude" in blocks else {}
-    return {block: block for block in blocks}
-
-
-def block_order(name: str) -> tuple[int, int, str]:
-    """stack, prelude, core1..coreK, coda, then anything else by name."""
-    if name.startswith("core") and name[4:].isdigit():
-        return (2, int(name[4:]), "")
-    rank = {VANILLA_STACK: 0, "prelude": 1, "coda": 3}
-    return (rank.get(name, 4), 0, name)
-
-
-def _is_vanilla(report: ProbeReport) -> bool:
-    return report.loops is None and not any(b.startswith("core") for b in report.updates)
-
-
-def _shown_updates(report: ProbeReport, kind: str) -> dict[str, tuple[float, float]]:
-    updates = getattr(report, kind)
-    return {shown: updates[logged] for shown, logged in shown_blocks(updates, _is_vanilla(report)).items()}
-
-
-def _shown_stages(report: ProbeReport) -> dict[str, int]:
-    """The stages of the CKA and spectra figures -> their index in ``report.stages``. A vanilla
-    layout's ``prelude`` is its whole stack (shown as :data:`VANILLA_STACK`) and its ``coda`` (0
-    layers) the same tensor again: not shown."""
-    if not _is_vanilla(report) or "prelude" not in report.stages:
-        return {stage: i for i, stage in enumerate(report.stages)}
-    return {
-        (VANILLA_STACK if stage == "prelude" else stage): i for i, stage in enumerate(report.stages) if stage != "coda"
-    }
-
-
-def _shown_matrix(report: ProbeReport, estimator: str) -> Any:
-    index = list(_shown_stages(report).values())
-    return report.cka_matrices[estimator][index][:, index]
 
 
 def _canvas(width: float, height: float) -> Any:
@@ -148,7 +67,9 @@ def _canvas(width: float, height: float) -> Any:
     return fig
 
 
-def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, list[Any]]:
+def figure(width: float, height: float, ncols: int = 1) -> tuple[Any, list[Any]]:
+    """A figure of ``width`` x ``height`` inches with ``ncols`` panels side by side (:func:`_canvas`):
+    the figure and its panels."""
     fig = _canvas(width, height)
     return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
 
@@ -177,7 +98,9 @@ def _grid_axes(fig: Any, count: int) -> list[list[Any]]:
     return [flat[i : min(i + ncols, count)] for i in range(0, count, ncols)]
 
 
-def _save(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:
+def save_figure(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:
+    """``fig`` as ``<stem>.png`` and ``<stem>.svg`` (:data:`FORMATS`) in ``out_dir``, then cleared:
+    the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{fmt}" for fmt in FORMATS]
@@ -209,11 +132,11 @@ def updates_figure(reports: Mapping[str, ProbeReport], schemes: Mapping[str, str
     scheme's colour (``schemes``: label -> scheme, default the label's first word)."""
     kinds = _update_kinds(list(reports.values()))
     widths = [
-        max(3.6, 1.0 + 0.45 * len(reports) * len({b for r in reports.values() for b in _shown_updates(r, k)}))
+        max(3.6, 1.0 + 0.45 * len(reports) * len({b for r in reports.values() for b in shown_updates(r, k)}))
         for k in kinds
     ]
     if sum(widths) <= MAX_WIDTH:
-        fig, axes = _figure(sum(widths), 3.8, ncols=len(kinds))
+        fig, axes = figure(sum(widths), 3.8, ncols=len(kinds))
     else:  # one panel a row
         fig = _canvas(max(widths), 3.8 * len(kinds))
         axes = list(fig.subplots(len(kinds), 1, squeeze=False)[:, 0])
@@ -223,7 +146,7 @@ def updates_figure(reports: Mapping[str, ProbeReport], schemes: Mapping[str, str
 
 
 def _draw_updates(ax: Any, reports: Mapping[str, ProbeReport], kind: str, schemes: Mapping[str, str]) -> None:
-    values = {label: _shown_updates(report, kind) for label, report in reports.items()}
+    values = {label: shown_updates(report, kind) for label, report in reports.items()}
     blocks = sorted({b for updates in values.values() for b in updates}, key=block_order)
     width = 0.8 / len(reports)
     variants = variant_index(schemes[label] for label in values)
@@ -261,7 +184,7 @@ def colour_range(reports: Iterable[ProbeReport], estimator: str) -> tuple[float,
     report (the diagonal's 1 included); (0, 1) when there is none, and a width of at least 0.01."""
     import torch
 
-    values = [_shown_matrix(r, estimator) for r in reports if estimator in r.cka_matrices]
+    values = [shown_matrix(r, estimator) for r in reports if estimator in r.cka_matrices]
     finite = torch.cat([v[v.isfinite()].reshape(-1) for v in values]) if values else torch.empty(0)
     if not len(finite):
         return 0.0, 1.0
@@ -270,7 +193,7 @@ def colour_range(reports: Iterable[ProbeReport], estimator: str) -> tuple[float,
 
 
 def _draw_cka(ax: Any, report: ProbeReport, estimator: str, limits: tuple[float, float]) -> Any:
-    stages = list(_shown_stages(report))
+    stages = list(shown_stages(report))
     n = len(stages)
     ax.set_xticks(range(n), stages, rotation=45, ha="right")
     ax.set_yticks(range(n), stages)
@@ -278,7 +201,7 @@ def _draw_cka(ax: Any, report: ProbeReport, estimator: str, limits: tuple[float,
         ax.text(0.5, 0.5, "not computed", ha="center", va="center", transform=ax.transAxes)
         return None
     vmin, vmax = limits
-    matrix = _shown_matrix(report, estimator).numpy()
+    matrix = shown_matrix(report, estimator).numpy()
     image = ax.imshow(matrix, cmap="magma", vmin=vmin, vmax=vmax)
     size = max(5, min(9, 60 / n))
     for i in range(n):
@@ -293,7 +216,7 @@ def _draw_spectra(ax: Any, report: ProbeReport) -> None:
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"]
-    stages = _shown_stages(report)
+    stages = shown_stages(report)
     n = len(stages)
     for i, (stage, index) in enumerate(stages.items()):
         values = report.spectra[report.stages[index]].numpy()
@@ -309,7 +232,7 @@ def plot_updates(report: ProbeReport, out_dir: str | Path, stem: str = "probe_up
     and, in a second panel, the core iterations' state updates."""
     fig = updates_figure({"": report})
     fig.suptitle(f"relative update magnitude ({report.samples} samples)")
-    return _save(fig, out_dir, stem)
+    return save_figure(fig, out_dir, stem)
 
 
 def plot_cka(report: ProbeReport, out_dir: str | Path, kind: str = "rbf", stem: str | None = None) -> list[Path]:
@@ -317,20 +240,20 @@ def plot_cka(report: ProbeReport, out_dir: str | Path, kind: str = "rbf", stem: 
     annotated heatmaps, each on the colour scale of its values; each title gives the estimator's floor."""
     n = len(report.stages)
     estimators = _estimators([report], kind)
-    fig, axes = _figure((2.0 + 0.6 * n) * len(estimators), 1.5 + 0.6 * n, ncols=len(estimators))
+    fig, axes = figure((2.0 + 0.6 * n) * len(estimators), 1.5 + 0.6 * n, ncols=len(estimators))
     for ax, estimator in zip(axes, estimators, strict=True):
         image = _draw_cka(ax, report, estimator, colour_range([report], estimator))
         fig.colorbar(image, ax=ax, shrink=0.8)
         ax.set_title(_cka_title(report, estimator))
-    return _save(fig, out_dir, stem or f"probe_cka_{kind}")
+    return save_figure(fig, out_dir, stem or f"probe_cka_{kind}")
 
 
 def plot_spectra(report: ProbeReport, out_dir: str | Path, stem: str = "probe_spectra") -> list[Path]:
     """(c) Normalised singular values sigma_i / sigma_0 of every stage, log y axis."""
-    fig, (ax,) = _figure(5.0, 3.8)
+    fig, (ax,) = figure(5.0, 3.8)
     _draw_spectra(ax, report)
     ax.set_title(f"top-{report.top} normalised singular values")
-    return _save(fig, out_dir, stem)
+    return save_figure(fig, out_dir, stem)
 
 
 def plot_report(report: ProbeReport, out_dir: str | Path) -> dict[str, list[Path]]:
@@ -393,43 +316,20 @@ def plot_comparison(
     paths: dict[str, list[Path]] = {}
     fig = updates_figure(reports, schemes)
     fig.suptitle("relative update magnitude")
-    paths["updates"] = _save(fig, out_dir, f"{stem}_updates")
+    paths["updates"] = save_figure(fig, out_dir, f"{stem}_updates")
     for kind in ("rbf", "linear"):
-        paths[f"cka_{kind}"] = _save(cka_comparison_figure(reports, kind), out_dir, f"{stem}_cka_{kind}")
-    paths["spectra"] = _save(spectra_comparison_figure(reports), out_dir, f"{stem}_spectra")
+        paths[f"cka_{kind}"] = save_figure(cka_comparison_figure(reports, kind), out_dir, f"{stem}_cka_{kind}")
+    paths["spectra"] = save_figure(spectra_comparison_figure(reports), out_dir, f"{stem}_spectra")
     return paths
 
 
 # ---------------------------------------------------------------- mixture-of-experts routing
 
-CORE_PREFIX = "cores."
 ROUTING_KINDS = {  # what a routing comparison panel shows: title, y label
     "load_cv": ("expert load CV per router call", "std / mean of the experts' load (0 = balanced)"),
     "entropy": ("router entropy per router call", "entropy (nats)"),
     "jaccard": ("chosen experts, iteration t vs t+1", "Jaccard |S_t & S_t+1| / |S_t | S_t+1|"),
 }
-
-
-def router_calls(block: str, calls: int) -> list[str]:
-    """How the ``calls`` router calls of the MoE block ``block`` (its module name, ``prelude.0``,
-    ``cores.0.1``, ``coda.0``) are named in metrics and figures: ``<block>/iter<t>`` (t = 1..) for a
-    core block, whose router runs once per loop iteration, ``<block>`` for a block called once."""
-    if block.startswith(CORE_PREFIX) or calls > 1:
-        return [f"{block}/iter{t}" for t in range(1, calls + 1)]
-    return [block]
-
-
-def call_order(name: str) -> tuple[int, int, int, int, str]:
-    """Sort key of a router call (:func:`router_calls`) in the order the calls run: the prelude's
-    blocks, then the cores iteration by iteration (core stack, iteration, layer), then the coda's."""
-    block, _, rest = name.partition("/")
-    iteration = rest.split("/")[0]  # a Jaccard pair <block>/iter<t>/iter<t+1> sorts by its first call
-    t = int(iteration[4:]) if iteration.startswith("iter") and iteration[4:].isdigit() else 1
-    stage, *rest = block.split(".")
-    numbers = [int(part) for part in rest if part.isdigit()]
-    if stage == "cores" and len(numbers) == 2:
-        return (1, numbers[0], t, numbers[1], "")
-    return ({"prelude": 0, "coda": 2}.get(stage, 3), 0, t, numbers[-1] if numbers else 0, block)
 
 
 def _pair_label(block: str, t: int) -> str:
@@ -468,7 +368,7 @@ def plot_routing(
     widths = [min(10.0, 2.5 + 0.3 * experts), max(3.5, 1.0 + 0.4 * len(names))]
     if pairs:
         widths.append(max(3.0, 1.0 + 0.5 * len(pairs)))
-    fig, axes = _figure(sum(widths), 1.8 + 0.25 * len(names), len(widths))
+    fig, axes = figure(sum(widths), 1.8 + 0.25 * len(names), len(widths))
     ax = axes[0]
     image = ax.imshow(load.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
     ax.set_yticks(range(len(names)), names, fontsize=7)
@@ -502,7 +402,7 @@ def plot_routing(
         ax.set_ylim(0, 1.3)
         ax.set_ylabel("Jaccard of the chosen experts")
         ax.set_title("iteration t vs t+1")
-    return _save(fig, out_dir, stem)
+    return save_figure(fig, out_dir, stem)
 
 
 def routing_comparison_figure(
@@ -522,7 +422,7 @@ def routing_comparison_figure(
     kinds = [k for k in ROUTING_KINDS if any(values.get(k) for values in series.values())]
     if not kinds:
         raise ValueError("routing_comparison_figure needs a row with routing metrics")
-    fig, axes = _figure(0.5 + 5.0 * len(kinds), 4.0, ncols=len(kinds))
+    fig, axes = figure(0.5 + 5.0 * len(kinds), 4.0, ncols=len(kinds))
     for ax, kind in zip(axes, kinds, strict=True):
         title, ylabel = ROUTING_KINDS[kind]
         if kind == "jaccard":
@@ -584,24 +484,23 @@ def _draw_routing_pairs(
 
 
 __all__ = [
+    "FORMATS",
+    "HATCHES",
+    "LINE_STYLES",
+    "MARKERS",
     "PANELS_PER_ROW",
-    "SCHEME_COLORS",
-    "VANILLA_STACK",
-    "block_order",
-    "call_order",
+    "ROUTING_KINDS",
     "cka_comparison_figure",
     "colour_range",
+    "figure",
     "plot_cka",
     "plot_comparison",
     "plot_report",
     "plot_routing",
     "plot_spectra",
     "plot_updates",
-    "router_calls",
     "routing_comparison_figure",
-    "scheme_color",
-    "shown_blocks",
+    "save_figure",
     "spectra_comparison_figure",
     "updates_figure",
-    "variant_index",
 ]
