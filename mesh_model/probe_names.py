@@ -20,26 +20,32 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from mesh_model.errors import ConfigError
-from mesh_model.scheme_names import SchemeSpec
+from mesh_model.scheme_names import PAPER_SCHEMES, SchemeSpec
 
 if TYPE_CHECKING:
     from mesh_model.probes import ProbeReport
 
-# scheme -> colour (the tab10/tab20 palette's hues): every scheme the project runs or the paper
-# reports. Other names get one of FALLBACK_COLORS by a hash of the name (the same in every process).
-SCHEME_COLORS = {
-    "vanilla": "#7f7f7f",
-    "base": "#1f77b4",
-    "residual": "#ff7f0e",
-    "anchor": "#2ca02c",
-    "anchor_emb": "#17becf",
-    "residual+anchor": "#bcbd22",
-    "anchor+anchor_emb": "#98df8a",
-    "residual+anchor+anchor_emb": "#ffbb78",
-    "static": "#9467bd",
-    "dynamic": "#e377c2",
-    "mesh": "#d62728",
-}
+# scheme -> colour (the tab10/tab20 palette's hues): every scheme the paper reports, in its order.
+# Other names get one of FALLBACK_COLORS by a hash of the name (the same in every process).
+SCHEME_COLORS = dict(
+    zip(
+        PAPER_SCHEMES,
+        (
+            "#7f7f7f",  # vanilla
+            "#1f77b4",  # base
+            "#ff7f0e",  # residual
+            "#17becf",  # anchor_emb
+            "#2ca02c",  # anchor
+            "#bcbd22",  # residual+anchor
+            "#ffbb78",  # residual+anchor+anchor_emb
+            "#98df8a",  # anchor+anchor_emb
+            "#9467bd",  # static
+            "#e377c2",  # dynamic
+            "#d62728",  # mesh
+        ),
+        strict=True,
+    )
+)
 FALLBACK_COLORS = ("#8c564b", "#aec7e8", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#ff9896")
 
 

@@ -15,6 +15,14 @@ SCHEME_FORMS = (
     "use base, mesh, static, dynamic, or a '+'-joined sum of residual, anchor, anchor_emb "
     "(optionally weighted, e.g. residual+anchor or 0.5*anchor+anchor_emb; 'core' weights f)"
 )
+# The schemes the paper reports, in its order (a block's rows are listed so, results.aggregate):
+# vanilla (the plain model at the layout's compute depth; a layout, not a scheme), base (the loop
+# alone), the fixed supplements alone and summed, the learned ones. Lists of schemes derive from it.
+PAPER_SCHEMES = (
+    "vanilla", "base", "residual", "anchor_emb", "anchor",
+    "residual+anchor", "residual+anchor+anchor_emb", "anchor+anchor_emb",
+    "static", "dynamic", "mesh",
+)  # fmt: skip
 # What an unknown scheme name answers: the model's schemes, and ``vanilla``, which a run config
 # (experiments.identity) resolves to the compute-matched plain model before a scheme is parsed.
 UNKNOWN_SCHEME = (
@@ -25,10 +33,11 @@ _TERM = re.compile(r"^(?:(?P<coef>[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[
 # magnitude per iteration (and 1e400 is not even a float), which is a typo, not an ablation.
 MAX_COEFFICIENT = 100.0
 _ALIASES = {"anchor*": "anchor_emb", "anchor_star": "anchor_emb", "f": "core"}
-# The names a mistyped scheme is matched against for a suggestion.
+# The names a mistyped scheme is matched against for a suggestion: the paper's schemes and the
+# alias anchor*, single names first (mesh-train's list of choices shows them in this order).
 NAMED_SCHEMES = (
     "base", *LEARNED_SCHEMES, *SUPPLEMENT_TERMS, "anchor*", "vanilla",
-    "residual+anchor", "residual+anchor+anchor_emb", "anchor+anchor_emb",
+    *(scheme for scheme in PAPER_SCHEMES if "+" in scheme),
 )  # fmt: skip
 
 

@@ -20,24 +20,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from mesh_model import ConfigError, Layout
+from mesh_model.scheme_names import PAPER_SCHEMES
 from results.collect import RUN_COLUMNS, grouping_params, overrides_label, validation_sets
 from results.paper import PaperRow, PaperValue, paper_values
 from results.stats import Comparison, compare
 
-# Paper order of the schemes within a block; others follow by name.
-SCHEME_ORDER = (
-    "vanilla",
-    "base",
-    "residual",
-    "anchor_emb",
-    "anchor",
-    "residual+anchor",
-    "residual+anchor+anchor_emb",
-    "anchor+anchor_emb",
-    "static",
-    "dynamic",
-    "mesh",
-)
 NOT_METRICS = {*RUN_COLUMNS, "main_set"}
 ACTIVE_PARAMS = "params_active_non_embedding"  # logged by mixture-of-experts runs only
 
@@ -234,7 +221,8 @@ def ppl_metric_for(metric: str) -> tuple[str, bool]:
 
 
 def _scheme_rank(scheme: str) -> tuple[int, str]:
-    return (SCHEME_ORDER.index(scheme), "") if scheme in SCHEME_ORDER else (len(SCHEME_ORDER), scheme)
+    """The paper's order of the schemes within a block (:data:`PAPER_SCHEMES`); others follow by name."""
+    return (PAPER_SCHEMES.index(scheme), "") if scheme in PAPER_SCHEMES else (len(PAPER_SCHEMES), scheme)
 
 
 def _slots_rank(slots: str) -> float:

@@ -20,6 +20,7 @@ from experiments.probing.figures import (
 )
 from mesh_model.probe_names import FALLBACK_COLORS, SCHEME_COLORS, scheme_color
 from mesh_model.probes import ESTIMATORS, ProbeReport
+from mesh_model.scheme_names import PAPER_SCHEMES
 from results.aggregate import Block, Results, Row, Stat
 from results.plots import (
     plot_probes,
@@ -30,19 +31,7 @@ from results.plots import (
     train_loss_figure,
 )
 
-KNOWN = [
-    "vanilla",
-    "base",
-    "residual",
-    "anchor",
-    "anchor_emb",
-    "residual+anchor",
-    "anchor+anchor_emb",
-    "residual+anchor+anchor_emb",
-    "static",
-    "dynamic",
-    "mesh",
-]
+KNOWN = PAPER_SCHEMES
 SEEDS = ("0", "1")
 
 
