@@ -1,4 +1,4 @@
-"""A new sqlite MLflow store: copied from the empty one (``experiments/store_template.py``) against
+"""A new sqlite MLflow store: copied from the empty one (``experiments/store/sqlite.py``) against
 MLflow's own creation, which runs every schema migration.
 
     .venv/bin/python benchmarks/store_creation.py              # 7 pairs (~1 min)
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     import mlflow
 
-    from experiments.store_template import template_path
+    from experiments.store.sqlite import template_path
 
     work = Path(tempfile.mkdtemp(prefix="store-bench-"))
     os.environ["MESH_CACHE_DIR"] = str(work / "cache")  # a cold cache: the first store makes the template

@@ -17,7 +17,7 @@ from omegaconf.errors import ValidationError
 
 from experiments.compose import group_options
 from experiments.config import GLOBAL_GROUPS, GROUP_SCHEMAS, TrainConfig
-from experiments.store_check import check_runs_dir
+from experiments.store.check import check_runs_dir
 from mesh_model import ConfigError, did_you_mean
 
 # Keys whose children are free-form (any ModelConfig field may be set under them).

@@ -21,8 +21,8 @@ from experiments.data.config import DataConfig
 from experiments.data.corpora import check_text_files
 from experiments.data.indexed import check_indexed
 from experiments.identity import config_hash, model_config_for, run_key, run_key_suffix
-from experiments.store_check import check_runs_dir, check_tracking_uri
-from experiments.tracking import resolve_tracking_uri
+from experiments.store.check import check_runs_dir, check_tracking_uri
+from experiments.store.sqlite import resolve_tracking_uri
 from mesh_model import PRESETS, ConfigError, ModelConfig
 
 if TYPE_CHECKING:  # torch is imported when a plan is made, not when a CLI starts
@@ -52,16 +52,16 @@ class MemoryLimit:
 
 @dataclass
 class RunPlan:
-    """A checked run: its resolved config, model, store and identity."""
+    """A checked run: its config (as logged and hashed, and as the validated dataclass to read
+    settings from), model, store and identity."""
 
-    config: dict[str, Any]
+    config: dict[str, Any]  # the resolved config: what the run logs, hashes and writes to config.yaml
+    train: TrainConfig  # the same, validated and typed: read a setting from here
     model_config: ModelConfig
-    data: DataConfig
-    trainer: TrainerConfig
-    optim: OptimConfig
     peak_lr: float
     tracking_uri: str
     config_hash: str
+    runs_dir: Path  # ``train.runs_dir``, resolved
     run_dir: Path
     memory: MemoryEstimate  # one training step's estimate, per process
     budget: StepBudget  # the global batch, accumulation, steps and tokens
@@ -81,8 +81,20 @@ class RunPlan:
         return self.checkpoint_dir / "last.ckpt"
 
     @property
+    def data(self) -> DataConfig:
+        return self.train.data
+
+    @property
+    def trainer(self) -> TrainerConfig:
+        return self.train.trainer
+
+    @property
+    def optim(self) -> OptimConfig:
+        return self.train.optim
+
+    @property
     def experiment(self) -> str:
-        return self.config["tracking"]["experiment"]
+        return self.train.tracking.experiment
 
 
 def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
@@ -119,13 +131,12 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     digest = config_hash(config, model_config)
     return RunPlan(
         config=config,
+        train=train,
         model_config=model_config,
-        data=train.data,
-        trainer=train.trainer,
-        optim=train.optim,
         peak_lr=train.optim.peak_lr(train.scheme, PRESETS[train.model].lr),
         tracking_uri=tracking_uri,
         config_hash=digest,
+        runs_dir=runs_dir,
         run_dir=run_dir_for(runs_dir / train.tracking.experiment, model_config, train.seed, digest),
         memory=estimate,
         budget=budget,
@@ -174,7 +185,8 @@ def with_seed(plan: RunPlan, seed: int) -> RunPlan:
     config["seed"] = seed
     digest = config_hash(config, plan.model_config)
     run_dir = run_dir_for(plan.run_dir.parent, plan.model_config, seed, digest)
-    return dataclasses.replace(plan, config=config, config_hash=digest, run_dir=run_dir)
+    train = dataclasses.replace(plan.train, seed=seed)
+    return dataclasses.replace(plan, config=config, train=train, config_hash=digest, run_dir=run_dir)
 
 
 def run_dir_for(experiment_dir: Path, model_config: ModelConfig, seed: int, digest: str) -> Path:
@@ -203,7 +215,7 @@ def other_lengths(plan: RunPlan) -> list[OtherLength]:
     first (their ``config.yaml`` hashes as ``plan`` once given its ``max_steps``). A run is never extended:
     its LR warmup and cosine decay end at its ``max_steps``, which is part of its identity, so a
     longer run of the same config is a new run from step 0 (said by ``mesh-train``)."""
-    seed = plan.config["seed"]
+    seed = plan.train.seed
     prefix = run_key(plan.model_config, seed, "")  # ends "-s<seed>-": the hash follows
     found = []
     for folder in plan.run_dir.parent.glob(f"{prefix}*"):
@@ -213,9 +225,9 @@ def other_lengths(plan: RunPlan) -> list[OtherLength]:
             config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
             assert isinstance(config, dict)
             steps = config["max_steps"]
-            if steps == plan.config["max_steps"]:
+            if steps == plan.train.max_steps:
                 continue
-            config["max_steps"] = plan.config["max_steps"]
+            config["max_steps"] = plan.train.max_steps
             if config_hash(config, model_config_for(config)) == plan.config_hash:
                 found.append(OtherLength(folder, int(steps), (folder / "result.json").is_file()))
         except Exception:  # a folder of an older version or edited by hand: not this run's

@@ -8,7 +8,8 @@ the run already finished, returns its result without training.
 
 # train() is the pure entry point (tests and sweepers import it); main() is the thin @hydra.main
 # wrapper that returns the objective (final validation loss); cli() answers --help and --version
-# before anything heavy is imported.
+# before anything heavy is imported: the imports inside the functions below are deliberate (torch,
+# Lightning and MLflow load in seconds; even experiments.plan adds a quarter of a second to --help).
 
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hydra
 
 from experiments.console import quiet_libraries, take_verbose_flag, train_help
-from mesh_model.cli_text import version_line
+from mesh_model.cli_text import commit, version_line
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from experiments.plan import RunPlan
     from experiments.tracking import RunRecord
     from mesh_model import ModelConfig
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -44,13 +42,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     the second one at once (:class:`~experiments.locks.RunInUseError`)."""
     from experiments.locks import RunLock
     from experiments.plan import launched_rank, plan_run
-    from experiments.tracking import isolated_tracking_uri
+    from experiments.store.sqlite import isolated_tracking_uri
 
     quiet_libraries(getattr(cfg, "log_level", None))
     plan = plan_run(cfg)
     lock = RunLock(plan.run_dir) if launched_rank() == 0 else nullcontext()
     with lock:
-        if plan.config["resume"] and plan.result_file.exists():
+        if plan.train.resume and plan.result_file.exists():
             print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
             return json.loads(plan.result_file.read_text())
         if launched_rank() == 0:
@@ -65,7 +63,7 @@ def _say_other_lengths(plan: RunPlan) -> None:
     ``max_steps``: a run is not extended (its LR schedule ends at its ``max_steps``)."""
     from experiments.plan import other_lengths
 
-    if plan.config["resume"] and any(plan.checkpoint_dir.glob("*.ckpt")):  # it resumes: not a new run
+    if plan.train.resume and any(plan.checkpoint_dir.glob("*.ckpt")):  # it resumes: not a new run
         return
     others = other_lengths(plan)
     if not others:
@@ -74,7 +72,7 @@ def _say_other_lengths(plan: RunPlan) -> None:
         f"max_steps={o.max_steps} ({'finished' if o.finished else 'unfinished'}) in {o.run_dir}" for o in others
     )
     print(
-        f"[mesh-train] max_steps={plan.config['max_steps']} is a new run, trained from step 0: the same config ran to "
+        f"[mesh-train] max_steps={plan.train.max_steps} is a new run, trained from step 0: the same config ran to "
         f"{said}; a run is never extended, as its LR warmup and cosine decay end at its max_steps",
         file=sys.stderr,
         flush=True,
@@ -101,13 +99,13 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     record = _open_record(plan, model_config) if launched_rank() == 0 else None  # rank 0 owns the run
-    resume_from = newest_intact_checkpoint(plan.checkpoint_dir) if plan.config["resume"] else None
+    resume_from = newest_intact_checkpoint(plan.checkpoint_dir) if plan.train.resume else None
     if resume_from is not None and launched_rank() == 0:  # Lightning's own line is hidden by default
         print(f"[mesh-train] resuming from {resume_from}", file=sys.stderr, flush=True)
     trainer = None
     try:
-        pl.seed_everything(plan.config["seed"], workers=True, verbose=False)
-        datamodule = TokenDataModule(plan.data, seed=plan.config["seed"], prepared=prepared)
+        pl.seed_everything(plan.train.seed, workers=True, verbose=False)
+        datamodule = TokenDataModule(plan.data, seed=plan.train.seed, prepared=prepared)
         # Metrics name each validation set by its corpus: val/shakespeare/loss, val/cpython/ppl...
         val_names = [plan.data.corpus if name == "val" else name for name in datamodule.val_names]
         module = build_module(plan, model_config, val_names)
@@ -117,7 +115,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         logged = record.last_logged_steps if record is not None else None
         trainer = build_trainer(plan, record and record.run_id, [timer, *run_callbacks(plan, val_names)], logged)
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-        if trainer.global_step % plan.config["val_every"] != 0:
+        if trainer.global_step % plan.train.val_every != 0:
             trainer.validate(module, datamodule=datamodule, verbose=False)
     except BaseException as error:
         stop = _stopped(error, trainer)
@@ -153,12 +151,18 @@ def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | 
         record.mark_killed("interrupted", f"Ctrl-C at step {step}; run the same command to resume")
     elif isinstance(stop, Terminated):
         record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
-    elif type(error).__name__ == "TrialPruned":
+    elif is_pruned(error):
         record.mark_killed("pruned", f"{type(error).__name__}: {error}")
     elif isinstance(error, Diverged | NoSpaceLeft):
         record.mark_failed(error, str(error))
     else:
         record.mark_failed(error)
+
+
+def is_pruned(error: BaseException) -> bool:
+    """Whether ``error`` is Optuna's TrialPruned: a trial of a search stopped early on purpose. By
+    name, so that a run outside a search never imports Optuna."""
+    return type(error).__name__ == "TrialPruned"
 
 
 def _is_run_failure(error: BaseException) -> bool:
@@ -200,32 +204,32 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
     """The run's MLflow run, named by :func:`~experiments.identity.run_name` unless
     ``tracking.run_name`` is set, tagged with its coordinates."""
     from experiments.identity import run_name
-    from experiments.tracking import RunRecord, git_commit
+    from experiments.tracking import RunRecord
 
     tags = {
         "scheme": model_config.variant,
         "layout": model_config.layout,
         "preset": str(model_config.preset),
-        "seed": str(plan.config["seed"]),
+        "seed": str(plan.train.seed),
         "buffer_slots": str(model_config.slots or ""),
         "config_hash": plan.config_hash,
-        "git_commit": git_commit(PROJECT_ROOT),
+        "git_commit": commit(full=True),
         "run_dir": str(plan.run_dir),
     }
-    tracking = plan.config["tracking"]
-    if tracking["sweep"]:
-        tags["sweep"] = tracking["sweep"]
-    tags.update({str(k): str(v) for k, v in tracking["tags"].items()})
-    name = tracking["run_name"] or run_name(model_config, plan.config["seed"])
+    tracking = plan.train.tracking
+    if tracking.sweep:
+        tags["sweep"] = tracking.sweep
+    tags.update({str(k): str(v) for k, v in tracking.tags.items()})
+    name = tracking.run_name or run_name(model_config, plan.train.seed)
     return RunRecord.open(
         plan.tracking_uri,
         plan.run_dir,
         plan.experiment,
         name,
         tags,
-        tracking["parent_run_id"],
-        plan.config["resume"],
-        tracking["rebuild_store"],
+        tracking.parent_run_id,
+        plan.train.resume,
+        tracking.rebuild_store,
     )
 
 
@@ -283,7 +287,7 @@ def _result(plan: RunPlan, trainer: Any, main_val: str, record: RunRecord | None
 def main(cfg: DictConfig) -> float:
     from experiments.locks import RunInUseError
     from experiments.plan import InputError
-    from experiments.tracking import TrackingError
+    from experiments.store.sqlite import TrackingError
     from mesh_model import ConfigError
 
     try:

@@ -25,11 +25,11 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
         model_config=model_config.to_dict(),
         optim=plan.optim,
         peak_lr=plan.peak_lr,
-        max_steps=plan.config["max_steps"],
+        max_steps=plan.train.max_steps,
         val_names=val_names,
-        compile=plan.config["compile"],
-        activation_checkpointing=plan.config["activation_checkpointing"],
-        init_seed=plan.config["seed"],
+        compile=plan.train.compile,
+        activation_checkpointing=plan.train.activation_checkpointing,
+        init_seed=plan.train.seed,
     )
 
 
@@ -39,18 +39,18 @@ def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
     (and ``last.ckpt``, and on SIGTERM), probes,
     search pruning, and plain progress lines when stderr is not a terminal (no progress bar
     then, see :func:`build_trainer`), every ``$MESH_PROGRESS_EVERY_S`` seconds (default 30)."""
-    allowed = plan.config["allow_nonfinite"]
+    allowed = plan.train.allow_nonfinite
     callbacks: list[pl.Callback] = [
         StopOnNonFinite(stop=not allowed),
-        StepCheckpoint(plan.checkpoint_dir, plan.config["checkpoint_every"], check_finite=not allowed),
-        *probe_callbacks(plan.config["probes"], plan.run_dir),
+        StepCheckpoint(plan.checkpoint_dir, plan.train.checkpoint_every, check_finite=not allowed),
+        *probe_callbacks(plan.train.probes, plan.run_dir),
     ]
     if not is_terminal(sys.stderr):
         # A cell of a sweep says which run it is: the cells of a parallel grid share one log.
-        name = f"mesh-train {plan.run_dir.name}" if plan.config["tracking"]["sweep"] else "mesh-train"
+        name = f"mesh-train {plan.run_dir.name}" if plan.train.tracking.sweep else "mesh-train"
         callbacks.append(PlainProgress(progress_every_s(), name))
-    search = plan.config["search"]
-    if search["trial_id"] is not None:  # a trial of an Optuna search (sweeps/search.py)
+    search = plan.train.search
+    if search.trial_id is not None:  # a trial of an Optuna search (sweeps/search.py)
         from experiments.callbacks.pruning import OptunaPruning
 
         callbacks.append(OptunaPruning(search, f"val/{val_names[0]}/loss"))
@@ -94,7 +94,7 @@ def build_trainer(
 
     Lightning's start-up lines (``GPU available``, the litlogger tip, the ``srun`` hint) show only
     at ``log_level`` info or debug (``-v``)."""
-    quiet_libraries(plan.config.get("log_level"))  # Lightning is imported now: its loggers can be set
+    quiet_libraries(plan.train.log_level)  # Lightning is imported now: its loggers can be set
     logger: Any = ResumedMLFlowLogger(
         experiment_name=plan.experiment,
         tracking_uri=plan.tracking_uri,
@@ -109,12 +109,12 @@ def build_trainer(
         strategy=plan.trainer.strategy,
         precision=plan.trainer.resolved_precision,
         deterministic=plan.trainer.deterministic,
-        max_steps=plan.config["max_steps"],
+        max_steps=plan.train.max_steps,
         accumulate_grad_batches=plan.trainer.accumulate_grad_batches,
         # Lightning counts validation intervals in batches: val_every optimizer steps' worth.
-        val_check_interval=plan.config["val_every"] * plan.trainer.accumulate_grad_batches,
+        val_check_interval=plan.train.val_every * plan.trainer.accumulate_grad_batches,
         check_val_every_n_epoch=None,
-        log_every_n_steps=plan.config["log_every"],
+        log_every_n_steps=plan.train.log_every,
         gradient_clip_val=plan.optim.grad_clip,
         logger=logger,
         callbacks=callbacks,

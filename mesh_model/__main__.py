@@ -8,6 +8,7 @@ mesh-model check                  # every scheme forward+backward on the tiny pr
 
 from __future__ import annotations
 
+# torch is imported inside each command: --help answers at once.
 import sys
 import time
 from collections.abc import Iterable, Sequence

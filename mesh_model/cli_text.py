@@ -25,19 +25,28 @@ def plain(text: str | None) -> str:
     return re.sub(r"::$", ":", text, flags=re.MULTILINE)
 
 
-def commit() -> str:
-    """The short hash of the checkout this code runs from, or 'unknown' (an installed wheel, no git)."""
+def commit(full: bool = False) -> str:
+    """The hash of the checkout this code runs from, or 'unknown' (an installed wheel, no git):
+    short (``--version``), or ``full`` with ``-dirty`` appended where tracked files differ from it
+    (what a run and a sweep's parent record as ``git_commit``)."""
+    git = ["git", "-C", str(SOURCE_ROOT)]
     try:
         done = subprocess.run(
-            ["git", "-C", str(SOURCE_ROOT), "rev-parse", "--short", "HEAD"],
+            [*git, "rev-parse", *([] if full else ["--short"]), "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
             check=True,
         )
+        dirty = (
+            full
+            and subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return done.stdout.strip() or "unknown"
+    return (done.stdout.strip() or "unknown") + ("-dirty" if dirty else "")
 
 
 def version_line(prog: str) -> str:

@@ -15,6 +15,7 @@ rows carries its 95% CI, p-value and test over seeds (paired t, or Welch t).
 
 from __future__ import annotations
 
+# pandas, MLflow and matplotlib are imported past --help, inside main.
 import argparse
 import sys
 import time
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("results") / label
     start = time.perf_counter()
     quiet_libraries()
-    from experiments.tracking import KEY_METRICS_VIEW, runs_list_url
+    from experiments.store.views import KEY_METRICS_VIEW, runs_list_url
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
     try:

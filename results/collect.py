@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 
 from experiments.identity import distinguishes_rows
-from experiments.store_check import check_tracking_uri
-from experiments.tracking import resolve_tracking_uri, sqlite_path
+from experiments.store.check import check_tracking_uri
+from experiments.store.sqlite import resolve_tracking_uri, sqlite_path
 
 TAG_COLUMNS = (
     "preset",
@@ -51,7 +51,7 @@ def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs") ->
     if (path := sqlite_path(uri)) is not None:
         if not path.exists():
             raise ResultsError(f"no MLflow store at {path}; run a sweep first, or pass --tracking-uri / --runs-dir")
-        from experiments.tracking import TrackingError, check_store_intact
+        from experiments.store.sqlite import TrackingError, check_store_intact
 
         try:  # a damaged store answers in one line, as mesh-train does, not with SQLAlchemy's traceback
             check_store_intact(uri)

@@ -12,6 +12,7 @@ table, figures and report from MLflow, prints the table, and says where everythi
 
 from __future__ import annotations
 
+# torch, MLflow and the report's libraries are imported past --help, inside the job.
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,9 +37,10 @@ def main_job_arguments(steps: int, seeds: int, runs_dir: str | Path, extra: Sequ
 def run_main_job(
     steps: int = 400, seeds: int = 2, runs_dir: str = "runs", out: str | None = None, extra: Sequence[str] = ()
 ) -> int:
-    from experiments.tracking import KEY_METRICS_VIEW, runs_list_url
+    from experiments.store.views import KEY_METRICS_VIEW, runs_list_url
     from results.report import build_report
-    from sweeps.sweep import grid_command, run_sweep
+    from sweeps.progress import grid_command
+    from sweeps.sweep import run_sweep
 
     runs = Path(runs_dir).resolve()
     out_dir = Path(out or f"results/{SWEEP}").resolve()

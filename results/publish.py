@@ -14,7 +14,7 @@ keeps describing that grid, whatever combined reports it also took part in.
 
 Every run read gets its scheme's colour in the UI's charts (``mlflow.runColor``, the figures'
 palette) and every finished run its row (tag ``row``: the config without the seed), which the
-experiment's grouped view (:func:`experiments.tracking.grouped_view`) folds seeds by where the grid
+experiment's grouped view (:func:`experiments.store.views.grouped_view`) folds seeds by where the grid
 has axes besides the scheme (:func:`group_key`).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,57 @@ from typing import Any
 import pandas as pd
 from mlflow.entities import RunTag
 
-from experiments.tracking import ROW_TAG, RUN_COLOR_TAG, fit_tag_value, run_color, set_run_description
-from experiments.tracking import TAG_VALUE_LIMIT as NOTE_LIMIT
+from experiments.store.views import (
+    ROW_TAG,
+    RUN_COLOR_TAG,
+    fit_tag_value,
+    run_color,
+    run_url,
+    set_run_description,
+    write_grouped_view,
+    write_key_metrics_view,
+)
+from experiments.store.views import TAG_VALUE_LIMIT as NOTE_LIMIT
+from results.collect import validation_sets
 
 ARTIFACT_DIR = "report"
 SHARED_ARTIFACT_DIR = "reports"  # reports/<label>/: a report over several experiments
 PARENT_KIND = "sweep"  # the tag ``kind`` of a sweep's parent run (sweeps/sweep.py)
+
+
+@dataclass
+class Published:
+    """What :func:`publish` wrote to the store."""
+
+    parents: list[str]  # the sweep parent runs that now carry the report
+    pages: list[str]  # their pages in the MLflow UI
+    folder: str  # under which artifact folder of theirs
+    view: str | None  # the grouped view written to the experiments read (experiments.store.views)
+
+
+def publish(
+    client: Any,
+    tracking_uri: str,
+    out_dir: Path,
+    label: str,
+    runs: pd.DataFrame,
+    experiment_ids: Mapping[str, str],
+    ranking: Sequence[str] = (),
+) -> Published:
+    """Everything a report writes to MLflow: colour and tag the ``runs`` (:func:`tag_runs`), write
+    each experiment's views, and put ``out_dir`` on the parent run of every sweep whose cells it
+    read (:func:`publish_report`)."""
+    sets = validation_sets(runs)
+    tag_runs(client, runs)
+    view = None
+    for experiment, experiment_id in experiment_ids.items():
+        write_key_metrics_view(client, experiment_id, sets)
+        view = write_grouped_view(client, experiment_id, sets, group_key(runs[runs["experiment"] == experiment]))
+    parents = sweep_parents(client, experiment_ids.values(), runs["run_id"])
+    shared = len(experiment_ids) > 1
+    written = publish_report(client, parents, out_dir, label, shared, ranking)
+    pages = [run_url(tracking_uri, client.get_run(run_id).info.experiment_id, run_id) for run_id in written]
+    return Published(written, pages, artifact_dir(label, shared), view)
 
 
 def sweep_parents(client: Any, experiment_ids: Iterable[str], run_ids: Iterable[str]) -> list[str]:
@@ -144,7 +190,7 @@ def tag_runs(client: Any, runs: pd.DataFrame) -> None:
 
 def group_key(runs: pd.DataFrame) -> str:
     """The tag the grouped view folds seeds by: ``scheme`` where each scheme is one row (the grid
-    varies the scheme only), else :data:`~experiments.tracking.ROW_TAG` (B, layout, preset or
+    varies the scheme only), else :data:`~experiments.store.views.ROW_TAG` (B, layout, preset or
     other settings vary too)."""
     rows = pd.Series([row_value(run) for run in runs.to_dict("records")], index=runs.index)
     finished = runs.assign(row_value=rows)[rows != ""]

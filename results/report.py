@@ -16,7 +16,6 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.tracking import run_url, write_grouped_view, write_key_metrics_view
 from results import collect, curves, plots, publish, render, tables
 from results.aggregate import Results, aggregate
 from results.claims import Evaluation
@@ -48,7 +47,7 @@ class Output:
     published_pages: list[str] = field(default_factory=list)  # their pages in the MLflow UI
     published_to: str = publish.ARTIFACT_DIR  # under which artifact folder of theirs
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
-    view: str | None = None  # the grouped view written to those experiments (experiments.tracking)
+    view: str | None = None  # the grouped view written to those experiments (experiments.store.views)
     lr_section: list[str] = field(default_factory=list)  # each variant's best LR, where LRs vary
 
     def moved_to(self, out_dir: Path) -> Output:
@@ -107,21 +106,10 @@ def build_report(
     known = collect.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents:
-        sets = collect.validation_sets(results.runs)
-        publish.tag_runs(client, results.runs)
-        for experiment, experiment_id in output.experiment_ids.items():
-            write_key_metrics_view(client, experiment_id, sets)
-            group_by = publish.group_key(results.runs[results.runs["experiment"] == experiment])
-            output.view = write_grouped_view(client, experiment_id, sets, group_by)
-        parents = publish.sweep_parents(client, output.experiment_ids.values(), results.runs["run_id"])
-        shared = len(output.experiment_ids) > 1
-        output.published = publish.publish_report(
-            client, parents, out, name, shared, ranking(results, output.evaluations)
-        )
-        output.published_to = publish.artifact_dir(name, shared)
-        output.published_pages = [
-            run_url(tracking_uri, client.get_run(run_id).info.experiment_id, run_id) for run_id in output.published
-        ]
+        lines = ranking(results, output.evaluations)
+        done = publish.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines)
+        output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder
+        output.view = done.view
     return output
 
 

@@ -71,7 +71,7 @@ def grid_arms(name: str, rest: Sequence[str]) -> tuple[list[Cell], list[RunPlan]
 
 def primary_claims(claims: ClaimSet, plans: Sequence[RunPlan]) -> list[str]:
     """The primary pairwise claims whose two schemes are both among the grid's arms."""
-    schemes = {canonical_scheme(str(p.config["scheme"])) for p in plans}
+    schemes = {canonical_scheme(p.train.scheme) for p in plans}
     found = []
     for claim in claims.claims:
         if claim.priority != "primary" or claim.kind != "pairwise":

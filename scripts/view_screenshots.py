@@ -1,5 +1,5 @@
 """Screenshots of a grid's MLflow views, taken in headless Chromium: the check by eye that the grouped
-view (experiments/tracking.py) groups the seeds, ranks the groups, colours runs by scheme, charts
+view (experiments/store/views.py) groups the seeds, ranks the groups, colours runs by scheme, charts
 speed in its own section, leaves the bookkeeping metrics and the sweep's parent out, and that a
 printed run link opens the run page, not the GenAI one. The views' JSON is tested in
 tests/test_grid_console.py; what the UI draws from it is seen here.
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from experiments.tracking import GROUPED_VIEW, KEY_METRICS_VIEW
+    from experiments.store.views import GROUPED_VIEW, KEY_METRICS_VIEW
     from results.report import build_report
 
     uri = f"sqlite:///{Path(args.runs_dir).resolve() / 'mlflow.db'}" if args.runs_dir else small_store(out)

@@ -13,11 +13,14 @@ import traceback
 from dataclasses import dataclass
 
 # What became of a cell. FAILED and INTERRUPTED cells whose process could not close its MLflow
-# run (a worker killed by a signal) are closed by the sweep (sweeps/sweep.py).
+# run (a worker killed by a signal) are closed by the sweep (sweeps/closing.py).
 FINISHED, SKIPPED, FAILED, PRUNED = "FINISHED", "SKIPPED", "FAILED", "PRUNED"
 INTERRUPTED = "INTERRUPTED"  # stopped by Ctrl-C (or SIGTERM) while it ran; re-running resumes it
 NOT_STARTED = "NOT_STARTED"  # the grid was interrupted before this cell started
 STATUSES = (FINISHED, SKIPPED, FAILED, PRUNED, INTERRUPTED, NOT_STARTED)
+# Where a cell stands while its grid runs, as ``mesh-sweep --status`` finds it (sweeps/status.py).
+RUNNING = "RUNNING"  # a process here, or a SLURM job, trains it now
+PENDING = "PENDING"  # its SLURM job is queued
 
 
 @dataclass
@@ -92,14 +95,14 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
     import torch
 
     from experiments.compose import compose_config
-    from experiments.train import train
+    from experiments.train import is_pruned, train
 
     if threads:
         torch.set_num_threads(threads)
     try:
         result = train(compose_config(cell.overrides))
     except Exception as error:  # the grid goes on; train() already marked the MLflow run FAILED
-        if type(error).__name__ == "TrialPruned":  # an Optuna trial stopped early on purpose
+        if is_pruned(error):
             return CellOutcome(cell.index, cell.overrides, PRUNED, cell.label, error=str(error))
         if getattr(error, "one_line", False):  # a divergence, a full disk: its line says it all
             print(f"error: {error}", file=sys.stderr)

@@ -15,6 +15,8 @@ One parent per grid key (sweeps/grid.py ``sweep_key``), reused by every re-run o
 
 from __future__ import annotations
 
+# MLflow is imported inside the methods that use it: --status of an ended grid reads the store's
+# file without it (sweeps/status.py).
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,23 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.tracking import (
-    TAG_VALUE_LIMIT,
-    artifact_location,
-    git_commit,
-    log_params,
-    open_run,
-    prepare_sqlite_store,
-    reopen_run,
-    set_run_description,
-    write_key_metrics_view,
-)
+from experiments.store.sqlite import artifact_location, prepare_sqlite_store
+from experiments.store.views import TAG_VALUE_LIMIT, set_run_description, write_key_metrics_view
+from experiments.tracking import log_params, open_run, reopen_run
+from mesh_model.cli_text import commit
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, SKIPPED, STATUSES, Cell, CellOutcome
 
 if TYPE_CHECKING:
     from experiments.plan import RunPlan
+    from sweeps.launch.config import LaunchConfig
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DETACHED_TAG = "detached"  # the grid's jobs were submitted by a mesh-sweep that did not wait for them
 ID_FILE = "parent_run_id"  # in the sweep's folder
 COMMAND_FILE = "command"  # in the sweep's folder: the latest mesh-sweep command that ran the grid
@@ -107,6 +102,11 @@ def _stored_run(client: Any, id_file: Path, tracking_uri: str) -> Any:
     return None
 
 
+def invocation_tags(command: str, launch: LaunchConfig) -> dict[str, str]:
+    """The parent's tags of this invocation (the git commit is added by :class:`ParentRun`)."""
+    return {"command": command, "launcher": launch.launcher.name}
+
+
 @dataclass
 class ParentRun:
     """An open parent run. ``earlier`` counts the cells finished before this invocation that no
@@ -117,7 +117,7 @@ class ParentRun:
     experiment_id: str
     client: Any = field(repr=False)
     earlier: int = 0
-    view: str | None = None  # the experiment's key-metrics view (experiments.tracking.key_metrics_view)
+    view: str | None = None  # the experiment's key-metrics view (experiments.store.views.key_metrics_view)
     _last_ms: int = field(default=0, init=False, repr=False)
 
     @classmethod
@@ -140,7 +140,7 @@ class ParentRun:
         import mlflow
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        prepare_sqlite_store(plan.tracking_uri, rebuild=plan.config["tracking"]["rebuild_store"])
+        prepare_sqlite_store(plan.tracking_uri, rebuild=plan.train.tracking.rebuild_store)
         client = mlflow.MlflowClient(plan.tracking_uri)
         id_file = sweep_dir / ID_FILE
         run = _stored_run(client, id_file, plan.tracking_uri)
@@ -158,7 +158,7 @@ class ParentRun:
             id_file.write_text(run_id)
             run = client.get_run(run_id)
         parent = cls(plan.tracking_uri, run_id, run.info.experiment_id, client)
-        parent.set_tags({**tags, "git_commit": git_commit(PROJECT_ROOT)})
+        parent.set_tags({**tags, "git_commit": commit(full=True)})
         if "command" in tags:  # what --status offers when a command does not name this grid
             (sweep_dir / COMMAND_FILE).write_text(tags["command"] + "\n")
         if val_sets:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from experiments.console import duration, is_terminal, script_command, timestamp
-from experiments.tracking import resolve_tracking_uri, runs_list_url
+from experiments.store.sqlite import resolve_tracking_uri
+from experiments.store.views import runs_list_url
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, PRUNED, SKIPPED, STATUSES, Cell, CellOutcome
 
 if TYPE_CHECKING:
@@ -196,6 +197,11 @@ def results_command(experiment: str, tracking_uri: str, runs_dir: Path, relative
     else:
         where = ["--tracking-uri", tracking_uri]
     return shlex.join([script_command("mesh-results"), experiment, *map(str, where)])
+
+
+def grid_command(name: str, arguments: Sequence[str], *flags: str) -> str:
+    """The ``mesh-sweep`` command of this grid, to copy (``--status``, ``--cancel``...)."""
+    return shlex.join([script_command("mesh-sweep"), name, *arguments, *flags])
 
 
 def next_steps(

@@ -20,14 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.callbacks.pruning import make_pruner
+from experiments.compose import compose_config
 from experiments.config import SearchConfig
-from sweeps.cells import INTERRUPTED, Cell, CellOutcome
+from sweeps.cells import FAILED, INTERRUPTED, Cell, CellOutcome
+from sweeps.closing import GridEnd, exit_code, finish, settle_run
+from sweeps.grid import SweepError, plan_where_it_runs, sweep_dir_for, sweep_key
+from sweeps.launch.config import LaunchConfig
+from sweeps.parent import ParentRun, invocation_tags, val_sets
+from sweeps.progress import COMPLETED, GridConsole, trials_table
 
 FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
@@ -159,3 +167,85 @@ def existing_study(name: str, storage: str) -> optuna.Study | None:
 
 def default_storage(runs_dir: Path) -> str:
     return f"sqlite:///{(runs_dir / 'optuna.db').resolve()}"
+
+
+def run_search_sweep(
+    name: str,
+    base: DictConfig,
+    cell_overrides: Sequence[str],
+    launch: LaunchConfig,
+    dry_run: bool,
+    out: TextIO,
+    command: str,
+) -> int:
+    """``mesh-sweep`` of a search: ``base`` is the sweep's composed run config (a TrainConfig, its
+    ``search`` group declaring the space); trials are cells under the sweep's parent run. Exits as
+    a grid does (:func:`~sweeps.closing.exit_code`)."""
+    search: SearchConfig = OmegaConf.to_object(base.search)  # type: ignore[assignment]
+    try:
+        space = distributions(search)
+    except SearchError as error:
+        raise SweepError(str(error)) from None
+    overrides = [f"+sweep={name}", *cell_overrides]
+    plan = plan_where_it_runs(base, launch)
+    storage = search.storage or default_storage(plan.run_dir.parent.parent)
+    # The study is the same however many trials are asked for: search.* stays out of its key.
+    shared = [o for o in cell_overrides if not o.startswith("search.")]
+    key = sweep_key(name, [Cell(0, [f"+sweep={name}", *shared])])
+    study_name = search.study_name or key
+    if dry_run:
+        print(f"{name}: Optuna search, {search.n_trials} trials, study {study_name!r} in {storage}", file=out)
+        for param, distribution in space.items():
+            print(f"  {param}: {distribution}", file=out)
+        return 0
+    sweep_dir = sweep_dir_for(plan, key)
+    launch.launcher.check(sweep_dir / "submitit", launch.resources)
+    packing = launch.launcher.prepare([plan] * search.n_trials)  # trials are alike in what they need
+    tags = {
+        **invocation_tags(command, launch),
+        "study": study_name,
+        "search.n_trials": str(search.n_trials),
+        "search.space": " ".join(f"{k}={v}" for k, v in search.params.items()),
+    }
+    params = {"sweep": name, "overrides": " ".join(shared)}
+    parent = ParentRun.open(name, key, plan, sweep_dir, [Cell(0, overrides)], params, tags, val_sets([plan]))
+    base_overrides = [*overrides, f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
+    study = existing_study(study_name, storage)
+    already = parent.earlier = sum(trial.state in FINISHED_STATES for trial in study.trials) if study else 0
+    to_run = max(0, search.n_trials - already)
+    console = GridConsole(out, search.n_trials, to_run, launch.launcher.concurrency, kind="trial", done=COMPLETED)
+    console.say(f"{name}: Optuna search to {search.n_trials} trials, {already} already finished, study {study_name!r}")
+    if packing and to_run:
+        console.say(packing)
+
+    def report(outcome: CellOutcome) -> None:
+        if outcome.status in (FAILED, INTERRUPTED):
+            settle_run(
+                parent.tracking_uri, plan_where_it_runs(compose_config(outcome.overrides), launch).run_dir, outcome
+            )
+        console.ended(outcome)
+        parent.try_progress(outcomes, search.n_trials)
+
+    outcomes: list[CellOutcome] = []
+    interrupted = False
+    try:
+        run_search(
+            search,
+            study_name,
+            storage,
+            base_overrides,
+            lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit", console.started),
+            launch.launcher.concurrency,
+            report,
+            outcomes,
+        )
+    except KeyboardInterrupt:
+        interrupted = True
+    except BaseException as error:
+        parent.close(outcomes, search.n_trials, error=error)
+        raise
+    table = trials_table(name, existing_study(study_name, storage), outcomes)
+    if interrupted:
+        table += "\n\ninterrupted; running trials were stopped, re-run the command to resume the study"
+    finish(GridEnd(parent, plan, sweep_dir, search.n_trials), outcomes, table, interrupted, out)
+    return exit_code(outcomes, interrupted)

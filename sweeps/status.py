@@ -39,31 +39,40 @@ from typing import Any, TextIO
 
 from experiments.locks import RunLock
 from experiments.plan import RunPlan
-from experiments.tracking import STOP_TAGS, RunRecord, peek_run, terminate_run
-from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, Cell, CellOutcome
+from experiments.store.sqlite import peek_run
+from experiments.tracking import STOP_TAGS, RunRecord
+from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, PENDING, RUNNING, Cell, CellOutcome
+from sweeps.closing import GridEnd, close_run, conclude
 from sweeps.grid import SweepError, grid_cells, grid_key, read_request, sweep_dir_for
 from sweeps.jobs import (
     COMPLETING,
     GONE,
     KILLED_BY,
-    PENDING,
-    RUNNING,
     cancel,
     job_states,
     live,
     read_jobs,
     wait_for_states,
 )
+from sweeps.jobs import PENDING as SLURM_PENDING
+from sweeps.jobs import RUNNING as SLURM_RUNNING
 from sweeps.parent import DETACHED_TAG, ID_FILE, ParentRun, grids_in
-from sweeps.progress import summary_table
-from sweeps.sweep import conclude, grid_command
+from sweeps.progress import grid_command, summary_table
 
 CANCEL_WAIT_S = 60.0  # after scancel: SLURM's KillWait between SIGTERM and SIGKILL, and slack
 # A cell's state, in the order the count line gives them, and the outcome each stands for in the
 # parent's counts and summary.
-STATES = ("finished", "running", "pending", "failed", "killed", "not started")
-ENDED = ("finished", "failed", "killed")
-OUTCOMES = {"finished": FINISHED, "failed": FAILED, "killed": INTERRUPTED, "not started": NOT_STARTED}
+# A cell's state (cells.py's vocabulary) and its word in the table, in the order the count line
+# gives them; a running or pending cell counts as INTERRUPTED in the parent's summary.
+STATES = {
+    FINISHED: "finished",
+    RUNNING: "running",
+    PENDING: "pending",
+    FAILED: "failed",
+    INTERRUPTED: "killed",
+    NOT_STARTED: "not started",
+}
+ENDED = (FINISHED, FAILED, INTERRUPTED)
 CANCELLED = "cancelled (mesh-sweep --cancel)"
 
 
@@ -87,7 +96,7 @@ class Grid:
 class CellState:
     cell: Cell
     plan: RunPlan
-    state: str = "not started"  # one of STATES
+    state: str = NOT_STARTED  # one of STATES
     step: int | None = None  # the last step its run logged
     val_loss: float | None = None  # the latest validation loss of its main set
     run_id: str | None = None
@@ -101,7 +110,7 @@ class CellState:
         return CellOutcome(
             c.index,
             c.overrides,
-            OUTCOMES.get(self.state, INTERRUPTED),
+            self.state if self.state in ENDED or self.state == NOT_STARTED else INTERRUPTED,
             c.label,
             val_loss=self.val_loss,
             run_id=self.run_id,
@@ -161,7 +170,7 @@ def _read_cell(s: CellState, client: Any, by: str, cancelled: Collection[str]) -
     if s.plan.result_file.exists():
         result = json.loads(s.plan.result_file.read_text())
         s.state, s.step, s.val_loss, s.run_id = (
-            "finished",
+            FINISHED,
             result.get("steps"),
             result.get("val_loss"),
             result["run_id"],
@@ -172,21 +181,21 @@ def _read_cell(s: CellState, client: Any, by: str, cancelled: Collection[str]) -
         s.run_id = run.info.run_id
         s.step, s.val_loss = _progress(client, run, s.plan)
         s.note = next((run.data.tags[t] for t in STOP_TAGS if t in run.data.tags), "")
-    if s.job_state in PENDING:
-        s.state = "pending"
+    if s.job_state in SLURM_PENDING:
+        s.state = PENDING
         return
-    if s.job_state in RUNNING or s.job_state == COMPLETING:
-        s.state = "running"
+    if s.job_state in SLURM_RUNNING or s.job_state == COMPLETING:
+        s.state = RUNNING
         return
     status = run.info.status if run is not None else None
     if status == "RUNNING":
         _settle(s, client, by, cancelled)
     elif status in ("FINISHED", "FAILED", "KILLED"):
-        s.state = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "killed"}[status]
+        s.state = {"FINISHED": FINISHED, "FAILED": FAILED, "KILLED": INTERRUPTED}[status]
         if status == "KILLED" and s.job in cancelled:  # its process closed it on scancel's SIGTERM
             _close(s, client, None, "interrupted", f"{CANCELLED}, SLURM job {s.job}; re-run the grid to resume")
     elif s.job is not None and s.job_state is not None:  # the job ended before its run was opened
-        s.state = "killed" if s.job_state in KILLED_BY or s.job_state == GONE or s.job in cancelled else "failed"
+        s.state = INTERRUPTED if s.job_state in KILLED_BY or s.job_state == GONE or s.job in cancelled else FAILED
         s.note = f"{CANCELLED} before it started" if s.job in cancelled else f"{_ended(s.job_state)} before training"
 
 
@@ -195,9 +204,9 @@ def _settle(s: CellState, client: Any, by: str, cancelled: Collection[str]) -> N
     A process that holds the run's lock runs it, whatever an earlier job of the cell says."""
     at = f"at step {s.step}" if s.step is not None else "before its first step"
     if holder := RunLock.holder(s.plan.run_dir):
-        s.state, s.note = "running", f"PID {holder}"
+        s.state, s.note = RUNNING, f"PID {holder}"
     elif s.job is not None and s.job_state is None:
-        s.state, s.note = "running", "as MLflow says: SLURM does not answer here"
+        s.state, s.note = RUNNING, "as MLflow says: SLURM does not answer here"
     elif s.job in cancelled:
         _close(s, client, "KILLED", "interrupted", f"{CANCELLED}, SLURM job {s.job} {at}; re-run the grid to resume")
     elif s.job is not None and (s.job_state in KILLED_BY or s.job_state == GONE):
@@ -219,17 +228,9 @@ def _ended(job_state: str | None) -> str:
 
 def _close(s: CellState, client: Any, status: str | None, tag: str, text: str) -> None:
     """Close the cell's run with ``status`` and the ``tag`` saying why (None: tag it only)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        if status is None:
-            client.set_tag(s.run_id, tag, text)
-        else:
-            terminate_run(client, s.run_id, status, tag, text)
-    except MlflowException as error:
-        print(f"[mesh-sweep] could not close MLflow run {s.run_id}: {str(error).splitlines()[0]}", file=sys.stderr)
+    if not close_run(client, s.run_id, status, tag, text):
         return
-    s.state = "failed" if status == "FAILED" else "killed"
+    s.state = FAILED if status == "FAILED" else INTERRUPTED
     s.note = text
 
 
@@ -255,7 +256,7 @@ def _progress(client: Any, run: Any, plan: RunPlan) -> tuple[int | None, float |
 
 def counts_line(states: Sequence[CellState]) -> str:
     """``4 cells: 2 finished, 1 running, 1 pending``."""
-    counts = [f"{n} {state}" for state in STATES if (n := sum(s.state == state for s in states))]
+    counts = [f"{n} {word}" for state, word in STATES.items() if (n := sum(s.state == state for s in states))]
     return f"{len(states)} cells: {', '.join(counts)}"
 
 
@@ -267,7 +268,7 @@ def show(grid: Grid, states: Sequence[CellState], parent: str, out: TextIO) -> N
         step = "-" if s.step is None else str(s.step)
         loss = "-" if s.val_loss is None else f"{s.val_loss:.4f}"
         job = [" ".join(filter(None, [s.job, s.job_state])) or "-"] if slurm else []
-        rows.append([str(s.cell.index + 1), s.cell.label, s.state, step, loss, *job, s.note])
+        rows.append([str(s.cell.index + 1), s.cell.label, STATES[s.state], step, loss, *job, s.note])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     right = {0, 3, 4}  # numbers
     print(f"{grid.name}: {len(states)} cells · sweep {grid.key} · {parent}", file=out)
@@ -306,9 +307,9 @@ def _describe(parent: ParentRun | None, run: Any) -> str:
 def _conclude(grid: Grid, parent: ParentRun, states: Sequence[CellState], cancelled: bool = False) -> None:
     """Close the parent as the end of the grid (cancelled: KILLED, unless every cell finished)."""
     outcomes = [s.outcome() for s in states]
-    stopped = cancelled and any(s.state != "finished" for s in states)
+    stopped = cancelled and any(s.state != FINISHED for s in states)
     table = summary_table(grid.name, outcomes)
-    conclude(parent, grid.plans[0], grid.sweep_dir, outcomes, len(states), table, stopped, CANCELLED)
+    conclude(GridEnd(parent, grid.plans[0], grid.sweep_dir, len(states)), outcomes, table, stopped, CANCELLED)
 
 
 def grid_status(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -> int:
@@ -324,7 +325,7 @@ def grid_status(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
         _conclude(grid, parent, states)
     show(grid, states, _describe(parent, run), out)
     if ended:
-        again = "" if all(s.state == "finished" for s in states) else "; re-running the grid continues it"
+        again = "" if all(s.state == FINISHED for s in states) else "; re-running the grid continues it"
         print(f"every cell has ended: the parent run is closed{again}", file=out)
     return 0
 
@@ -350,7 +351,7 @@ def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
             _wait_ended(targets)
     states = survey(grid, "mesh-sweep --cancel", targets)
     parent, run = _parent(grid)
-    running = [s for s in states if s.state in ("running", "pending")]
+    running = [s for s in states if s.state in (RUNNING, PENDING)]
     if parent is not None and run.info.status == "RUNNING" and not running:
         _conclude(grid, parent, states, cancelled=True)
     if targets:
@@ -367,7 +368,7 @@ def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
         how = "wait for SLURM to end them" if targets else "stop the mesh-sweep that runs them (Ctrl-C)"
         print(f"still running: {where}; {how}, then --cancel again", file=out)
         return 1
-    if any(s.state != "finished" for s in states):
+    if any(s.state != FINISHED for s in states):
         print(f"re-run the grid to continue it: {grid_command(name, arguments)}", file=out)
     return 0
 

@@ -50,42 +50,24 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from omegaconf import OmegaConf
-
 from experiments.budget import tokens_text
-from experiments.compose import compose_config
-from experiments.console import quiet_libraries, script_command, take_verbose_flag, timestamp
+from experiments.console import quiet_libraries, take_verbose_flag, timestamp
 from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError
 from experiments.plan import InputError, RunPlan
-from experiments.tracking import RunRecord, TrackingError, terminate_run
+from experiments.store.sqlite import TrackingError
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
-from sweeps.cells import FAILED, INTERRUPTED, SKIPPED, Cell, CellOutcome
+from sweeps.cells import SKIPPED, Cell, CellOutcome
+from sweeps.closing import EXIT_INTERRUPTED, GridEnd, exit_code, finish, settle_run
 from sweeps.estimate import confirmed, count_line, distinct_configs, estimate_grid
-from sweeps.grid import (
-    SweepError,
-    grid_key,
-    launched_cells,
-    plan_cells,
-    plan_where_it_runs,
-    read_request,
-    sweep_dir_for,
-    sweep_key,
-)
+from sweeps.grid import SweepError, grid_key, launched_cells, plan_cells, read_request, sweep_dir_for
 from sweeps.grids import sweep_description, sweep_names
 from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.launch.base import LaunchError
-from sweeps.launch.config import LaunchConfig
-from sweeps.parent import DETACHED_TAG, ParentRun, grid_params, val_sets
-from sweeps.progress import COMPLETED, GridConsole, next_steps, results_command, summary_table, trials_table
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
-
-
-def invocation_tags(command: str, launch: LaunchConfig) -> dict[str, str]:
-    """The parent's tags of this invocation (the git commit is added by :class:`ParentRun`)."""
-    return {"command": command, "launcher": launch.launcher.name}
+from sweeps.parent import DETACHED_TAG, ParentRun, grid_params, invocation_tags, val_sets
+from sweeps.progress import GridConsole, grid_command, summary_table
+from sweeps.status import cancel_grid, grid_status
 
 
 def run_sweep(
@@ -117,6 +99,8 @@ def run_sweep(
         what = f"{name} is an Optuna search" if base.search.n_trials > 0 else f"launcher={launch.launcher.name}"
         raise SweepError(f"--detach needs a grid on a batch scheduler (launcher=slurm); {what}")
     if base.search.n_trials > 0:
+        from sweeps.search import run_search_sweep  # Optuna: only for a search
+
         return run_search_sweep(name, base, cell_overrides, launch, dry_run, out, command)
     cells = launched_cells(name, cell_overrides, launch)
     if only is None:  # (a stage of seeds=auto is part of a grid whose driver sized it)
@@ -190,7 +174,7 @@ def run_sweep(
             raise
         ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
         table = summary_table(name, ordered)
-        finish(parent, plans[0], sweep_dir, ordered, len(cells), table, interrupted, out)
+        finish(GridEnd(parent, plans[0], sweep_dir, len(cells)), ordered, table, interrupted, out)
         return exit_code(ordered, interrupted)
 
 
@@ -231,18 +215,6 @@ def print_dry_run(name: str, cells: Sequence[Cell], plans: Sequence[RunPlan], ou
     print(f"the grid: {tokens_text(total)} tokens in {len(plans)} runs", file=out)
 
 
-def exit_code(outcomes: Sequence[CellOutcome], interrupted: bool) -> int:
-    """130 after Ctrl-C; 1 when a cell failed or was stopped (the grid is not complete); else 0."""
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return 1 if any(o.status in (FAILED, INTERRUPTED) for o in outcomes) else 0
-
-
-def grid_command(name: str, arguments: Sequence[str], *flags: str) -> str:
-    """The ``mesh-sweep`` command of this grid, to copy (``--status``, ``--cancel``...)."""
-    return shlex.join([script_command("mesh-sweep"), name, *arguments, *flags])
-
-
 def refuse_live_jobs(sweep_dir: Path, name: str, arguments: Sequence[str]) -> None:
     """Stop (SweepError) while SLURM jobs of this grid are queued, running or completing (a job
     being requeued passes through COMPLETING): started again, their cells would train twice.
@@ -278,50 +250,6 @@ def detached(
     return 0
 
 
-def finish(
-    parent: ParentRun,
-    plan: RunPlan,
-    sweep_dir: Path,
-    outcomes: Sequence[CellOutcome],
-    total: int,
-    table: str,
-    interrupted: bool,
-    out: TextIO,
-) -> None:
-    """The end of a grid or search, also after Ctrl-C: :func:`conclude`, then the table and what
-    to run next on ``out``."""
-    conclude(parent, plan, sweep_dir, outcomes, total, table, interrupted)
-    print(f"\n{table}\n", file=out)
-    runs_dir = Path(plan.config["runs_dir"]).expanduser().resolve()
-    for line in next_steps(plan.experiment, parent.experiment_id, plan.tracking_uri, runs_dir, parent.view):
-        print(line, file=out)
-    out.flush()
-
-
-def conclude(
-    parent: ParentRun,
-    plan: RunPlan,
-    sweep_dir: Path,
-    outcomes: Sequence[CellOutcome],
-    total: int,
-    table: str,
-    interrupted: bool = False,
-    reason: str = "Ctrl-C",
-) -> None:
-    """``summary.json``, the parent's description (``table`` and the ``mesh-results`` command) and
-    its final status (:meth:`ParentRun.close`)."""
-    summary = sweep_dir / "summary.json"
-    summary.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
-    runs_dir = Path(plan.config["runs_dir"]).expanduser().resolve()
-    command = results_command(plan.experiment, plan.tracking_uri, runs_dir, relative=False)
-    note = f"{table}\n\nThe results: `{command}`"
-    try:
-        parent.describe(note, summary)
-    except Exception as failure:  # the run's status matters more than its description
-        print(f"[mesh-sweep] could not describe the parent run {parent.run_id}: {failure}", file=sys.stderr)
-    parent.close(outcomes, total, interrupted=interrupted, reason=reason)
-
-
 def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome], None]) -> bool:
     """Record every outcome the launcher yields; True when Ctrl-C stopped the grid.
 
@@ -345,115 +273,6 @@ def launch_cells(outcomes: Iterator[CellOutcome], record: Callable[[CellOutcome]
         if hasattr(outcomes, "close"):
             outcomes.close()
     return True
-
-
-def settle_run(tracking_uri: str, run_dir: Path, outcome: CellOutcome) -> None:
-    """Make the cell's MLflow run agree with its outcome when the cell's process could not close
-    it (a worker killed by a signal leaves it RUNNING): FAILED with the ``error`` tag, or KILLED
-    with the ``interrupted`` tag. A run its process closed is left as it is; one stopped on
-    purpose elsewhere (KILLED with ``interrupted``: ``mesh-sweep --cancel`` from another terminal
-    while this sweep waits on SLURM) makes a failed outcome (its job "died") an interrupted one."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    id_file = run_dir / RunRecord.ID_FILE
-    if outcome.status not in (FAILED, INTERRUPTED) or not id_file.exists():
-        return
-    if RunLock.holder(run_dir):  # another process trains the run (a cell refused as "in use", say)
-        return
-    run_id = id_file.read_text().strip()
-    outcome.run_id = outcome.run_id or run_id
-    outcome.run_dir = outcome.run_dir or str(run_dir)
-    client = mlflow.MlflowClient(tracking_uri)
-    try:
-        run = client.get_run(run_id)
-        if run.info.status != "RUNNING":
-            stopped = run.data.tags.get("interrupted")
-            if outcome.status == FAILED and run.info.status == "KILLED" and stopped:
-                outcome.status, outcome.error = INTERRUPTED, stopped
-            return
-        if outcome.status == FAILED:
-            terminate_run(client, run_id, "FAILED", "error", outcome.error or "failed")
-        else:
-            terminate_run(client, run_id, "KILLED", "interrupted", outcome.error or "interrupted")
-    except MlflowException as error:  # the run is gone from the store: nothing to settle
-        print(f"[mesh-sweep] could not close MLflow run {run_id}: {str(error).splitlines()[0]}", file=sys.stderr)
-
-
-def run_search_sweep(
-    name: str, base, cell_overrides: Sequence[str], launch: LaunchConfig, dry_run: bool, out: TextIO, command: str
-) -> int:
-    """An Optuna search (sweeps/search.py); trials are cells under the sweep's parent run."""
-    from sweeps.search import FINISHED_STATES, SearchError, default_storage, distributions, existing_study, run_search
-
-    search = OmegaConf.to_object(base.search)
-    try:
-        space = distributions(search)
-    except SearchError as error:
-        raise SweepError(str(error)) from None
-    overrides = [f"+sweep={name}", *cell_overrides]
-    plan = plan_where_it_runs(base, launch)
-    storage = search.storage or default_storage(plan.run_dir.parent.parent)
-    # The study is the same however many trials are asked for: search.* stays out of its key.
-    shared = [o for o in cell_overrides if not o.startswith("search.")]
-    key = sweep_key(name, [Cell(0, [f"+sweep={name}", *shared])])
-    study_name = search.study_name or key
-    if dry_run:
-        print(f"{name}: Optuna search, {search.n_trials} trials, study {study_name!r} in {storage}", file=out)
-        for param, distribution in space.items():
-            print(f"  {param}: {distribution}", file=out)
-        return 0
-    sweep_dir = sweep_dir_for(plan, key)
-    launch.launcher.check(sweep_dir / "submitit", launch.resources)
-    packing = launch.launcher.prepare([plan] * search.n_trials)  # trials are alike in what they need
-    tags = {
-        **invocation_tags(command, launch),
-        "study": study_name,
-        "search.n_trials": str(search.n_trials),
-        "search.space": " ".join(f"{k}={v}" for k, v in search.params.items()),
-    }
-    params = {"sweep": name, "overrides": " ".join(shared)}
-    parent = ParentRun.open(name, key, plan, sweep_dir, [Cell(0, overrides)], params, tags, val_sets([plan]))
-    base_overrides = [*overrides, f"tracking.parent_run_id={parent.run_id}", f"tracking.sweep={name}"]
-    study = existing_study(study_name, storage)
-    already = parent.earlier = sum(trial.state in FINISHED_STATES for trial in study.trials) if study else 0
-    to_run = max(0, search.n_trials - already)
-    console = GridConsole(out, search.n_trials, to_run, launch.launcher.concurrency, kind="trial", done=COMPLETED)
-    console.say(f"{name}: Optuna search to {search.n_trials} trials, {already} already finished, study {study_name!r}")
-    if packing and to_run:
-        console.say(packing)
-
-    def report(outcome: CellOutcome) -> None:
-        if outcome.status in (FAILED, INTERRUPTED):
-            settle_run(
-                parent.tracking_uri, plan_where_it_runs(compose_config(outcome.overrides), launch).run_dir, outcome
-            )
-        console.ended(outcome)
-        parent.try_progress(outcomes, search.n_trials)
-
-    outcomes: list[CellOutcome] = []
-    interrupted = False
-    try:
-        run_search(
-            search,
-            study_name,
-            storage,
-            base_overrides,
-            lambda cells: launch.launcher.launch(cells, launch.resources, sweep_dir / "submitit", console.started),
-            launch.launcher.concurrency,
-            report,
-            outcomes,
-        )
-    except KeyboardInterrupt:
-        interrupted = True
-    except BaseException as error:
-        parent.close(outcomes, search.n_trials, error=error)
-        raise
-    table = trials_table(name, existing_study(study_name, storage), outcomes)
-    if interrupted:
-        table += "\n\ninterrupted; running trials were stopped, re-run the command to resume the study"
-    finish(parent, plan, sweep_dir, outcomes, search.n_trials, table, interrupted, out)
-    return exit_code(outcomes, interrupted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -493,8 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plan:
             return results_driver("plan")(args.name, args.overrides, out=sys.stdout)
         if args.status or args.cancel:
-            from sweeps.status import cancel_grid, grid_status
-
             return (cancel_grid if args.cancel else grid_status)(args.name, args.overrides, sys.stdout)
         command = shlex.join(["mesh-sweep", *typed])
         return run_sweep(

@@ -138,7 +138,7 @@ def test_a_training_run_is_quiet_by_default_and_chatty_with_v(tmp_path, tiny_ove
     """The start-up lines of Lightning and MLflow stay out; -v lets them in. A fake srun on PATH
     stands for a machine with SLURM installed (Lightning's srun hint). Each run has an empty cache
     (its data read from the usual one), so MLflow makes the empty store that new stores are copied
-    from (experiments/store_template.py), and says so under -v."""
+    from (experiments/store/sqlite.py), and says so under -v."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "srun").write_text("#!/bin/sh\nexit 0\n")

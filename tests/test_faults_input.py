@@ -26,8 +26,8 @@ from experiments.compose import compose_config
 from experiments.data.corpora import check_text_files
 from experiments.identity import config_hash
 from experiments.plan import InputError, check_memory, plan_run
-from experiments.store_check import check_runs_dir, check_tracking_uri
-from experiments.tracking import TrackingError
+from experiments.store.check import check_runs_dir, check_tracking_uri
+from experiments.store.sqlite import TrackingError
 from mesh_model import ConfigError, ModelConfig, build_model, count_parameters
 from mesh_model.accounting import estimate_step_memory, parameter_count
 

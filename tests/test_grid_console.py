@@ -18,7 +18,7 @@ from experiments.callbacks.progress import PlainProgress
 from experiments.compose import compose_config
 from experiments.console import PROGRESS_ENV, duration
 from experiments.plan import plan_run
-from experiments.tracking import (
+from experiments.store.views import (
     GROUPED_VIEW,
     KEY_METRICS_VIEW,
     NOTE_TAG,

@@ -210,8 +210,8 @@ def test_a_cell_cancelled_from_another_terminal_counts_as_stopped_for_the_sweep_
     run's word, so the parent ends KILLED (stopped, re-run to resume), not FAILED; a run its own
     process closed FAILED, and one left RUNNING, are a failure as before."""
     from sweeps.cells import FAILED, INTERRUPTED, Cell, CellOutcome
+    from sweeps.closing import settle_run
     from sweeps.parent import ParentRun
-    from sweeps.sweep import settle_run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)

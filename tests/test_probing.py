@@ -13,6 +13,7 @@ import mlflow
 import pytest
 import torch
 
+from experiments.config import ProbeConfig
 from experiments.data.config import as_data_config
 from experiments.data.datamodule import TokenDataModule
 from experiments.data.prepare import prepare
@@ -220,11 +221,11 @@ def test_callback_probes_on_rank_zero_only_restores_train_mode_and_survives_erro
 
 
 def test_probe_config_switch_and_bad_values(tmp_path, compose_run):
-    assert probe_callbacks({"enabled": False}, tmp_path) == []
-    (callback,) = probe_callbacks({"enabled": True, "every_n_validations": 3, "num_batches": 4}, tmp_path)
+    assert probe_callbacks(ProbeConfig(enabled=False), tmp_path) == []
+    (callback,) = probe_callbacks(ProbeConfig(enabled=True, every_n_validations=3, num_batches=4), tmp_path)
     assert (callback.every_n_validations, callback.num_batches, callback.config.seq_len) == (3, 4, None)
     assert [callback.config.resolved_seq_len(n) for n in (64, 512, 4096)] == [512, 512, 4096]
-    (callback,) = probe_callbacks({"seq_len": 96}, tmp_path)
+    (callback,) = probe_callbacks(ProbeConfig(seq_len=96), tmp_path)
     assert callback.config.resolved_seq_len(64) == 96
     bad = {
         "probes.num_batches=0": r"^probes.num_batches=0 is invalid: must be >= 1$",

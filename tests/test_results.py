@@ -23,7 +23,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from scipy import stats as scipy_stats
 
-from experiments.tracking import (
+from experiments.store.views import (
     GROUPED_VIEW,
     KEY_METRICS_VIEW,
     ROW_TAG,

@@ -10,8 +10,7 @@ import mlflow
 import mlflow.store.db.utils as mlflow_db
 import pytest
 
-from experiments.store_template import template_path
-from experiments.tracking import prepare_sqlite_store
+from experiments.store.sqlite import prepare_sqlite_store, template_path
 
 
 @pytest.fixture

@@ -3,13 +3,10 @@ its validation loss after every validation, and stops when the study's pruner sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import lightning.pytorch as pl
 import optuna
 
-from experiments.config import PRUNERS
+from experiments.config import PRUNERS, SearchConfig
 from mesh_model import ConfigError
 
 
@@ -25,11 +22,11 @@ def make_pruner(pruner: str, startup_trials: int) -> optuna.pruners.BasePruner:
 class OptunaPruning(pl.Callback):
     """Reports the main validation loss to the trial after every validation; prunes on request."""
 
-    def __init__(self, search: Mapping[str, Any], metric: str) -> None:
+    def __init__(self, search: SearchConfig, metric: str) -> None:
         self.metric = metric
-        pruner = make_pruner(search["pruner"], search["pruner_startup_trials"])
-        study = optuna.load_study(study_name=search["study_name"], storage=search["storage"], pruner=pruner)
-        self.trial = optuna.trial.Trial(study, search["trial_id"])
+        pruner = make_pruner(search.pruner, search.pruner_startup_trials)
+        study = optuna.load_study(study_name=search.study_name, storage=search.storage, pruner=pruner)
+        self.trial = optuna.trial.Trial(study, search.trial_id)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.metric not in trainer.callback_metrics:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from experiments.console import quiet_libraries, take_verbose_flag
 from experiments.evaluation.suites import SUITES, TaskError
-from experiments.tracking import TrackingError
+from experiments.store.sqlite import TrackingError
 from mesh_model.cli_text import parser_for
 
 if TYPE_CHECKING:

@@ -15,6 +15,8 @@ The full lm-eval results go to the artifact ``eval/results-step<N>-<time>.json``
 
 from __future__ import annotations
 
+# MLflow, lm-eval and the model are imported inside the functions that use them: a refused task or
+# store answers before any of them loads (lm-eval alone takes seconds).
 import json
 import logging
 import os
@@ -33,8 +35,9 @@ from experiments.checkpoints import (
     locate,
 )
 from experiments.evaluation.suites import expand_suites, headline_metric, task_manager, task_specs
-from experiments.store_check import check_tracking_uri
-from experiments.tracking import log_metrics, resolve_tracking_uri
+from experiments.store.check import check_tracking_uri
+from experiments.store.sqlite import resolve_tracking_uri
+from experiments.tracking import log_metrics
 
 log = logging.getLogger(__name__)
 # The most few-shot examples a prompt may hold: the largest count in common use (25-shot ARC of

@@ -151,16 +151,16 @@ def _set_tag(trainer: pl.Trainer, key: str, value: str) -> None:
             logger.experiment.set_tag(run_id, key, value)
 
 
-def probe_callbacks(probes: dict[str, Any], run_dir: str | Path) -> list[ProbeCallback]:
+def probe_callbacks(probes: ProbeConfig, run_dir: str | Path) -> list[ProbeCallback]:
     """The callbacks for a run's ``probes`` config: one ProbeCallback, or none when disabled."""
-    if not probes.get("enabled", True):
+    if not probes.enabled:
         return []
     return [
         ProbeCallback(
             run_dir,
-            every_n_validations=probes.get("every_n_validations", 0),
-            num_batches=probes.get("num_batches", 2),
-            seq_len=probes.get("seq_len"),
+            every_n_validations=probes.every_n_validations,
+            num_batches=probes.num_batches,
+            seq_len=probes.seq_len,
         )
     ]
 

@@ -12,6 +12,8 @@ at the checkpoint's step and the files under ``probes/cli/``.
 
 from __future__ import annotations
 
+# torch, MLflow and the run's data are imported inside the commands that use them: --help and a
+# refused argument answer before any of them loads.
 import argparse
 import math
 import os
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.console import quiet_libraries, take_verbose_flag
-from experiments.tracking import TrackingError
+from experiments.store.sqlite import TrackingError
 from mesh_model.cli_text import parser_for
 
 CLI_DIR = "cli"
@@ -100,8 +102,8 @@ def _checked_run(config: dict[str, Any], run_dir: Path, run_id: str) -> str:
     from mlflow.exceptions import MlflowException
 
     from experiments.checkpoints import RunInputError
-    from experiments.store_check import check_tracking_uri
-    from experiments.tracking import resolve_tracking_uri, sqlite_path
+    from experiments.store.check import check_tracking_uri
+    from experiments.store.sqlite import resolve_tracking_uri, sqlite_path
 
     # The run dir is <runs_dir>/<experiment>/<run key>, so this works from any working directory.
     tracking = config.get("tracking") or {}

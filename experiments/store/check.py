@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from experiments.tracking import TrackingError, check_store_intact, is_being_created, sqlite_path
+from experiments.store.sqlite import TrackingError, check_store_intact, is_being_created, sqlite_path
 from mesh_model.errors import ConfigError
 
 # The SQL databases MLflow's store accepts (SQLAlchemy URLs, ``+driver`` optional) besides sqlite.

@@ -1,0 +1,330 @@
+"""Where runs are stored, and the local sqlite store: its address (:func:`resolve_tracking_uri`),
+its creation (marked while half made), rebuild and damage checks, and a read of one run's status
+straight from the file (:func:`peek_run`, no MLflow import).
+
+A new store is copied from an empty one that MLflow made once per MLflow version (the template,
+under the cache root: ``$MESH_CACHE_DIR``, else ``~/.cache/mesh-recursive``). MLflow creates a
+sqlite store by running all its schema migrations (about 1.2 s more than opening a copy,
+benchmarks/store_creation.py; several seconds on a loaded machine), which every fresh ``runs_dir``
+(a new grid, a test) paid. The template holds the tables at MLflow's head revision and no
+experiment: the ``Default`` experiment, whose artifact location depends on the store that holds
+it, is left for MLflow to create when the copy is first opened, as it does for any store without
+one. Anything that goes wrong with the template (an unwritable cache, a full disk, a template
+that does not open) only means the store is created the slow way; the copy is never a partial
+file. :func:`forget_engine` is for a store file that was made or moved aside under a cached engine.
+"""
+
+from __future__ import annotations
+
+# MLflow (about a second to import) is imported inside the functions that need it: the store's
+# address, its damage check and peek_run work on the file alone.
+import contextlib
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from experiments.data.cache import atomic_path, cache_root
+from experiments.locks import file_lock
+
+DEFAULT_DB = "mlflow.db"
+# A sqlite database's files: the database, and its rollback journal or WAL and shared memory.
+SQLITE_FILE_SUFFIXES = ("", "-journal", "-wal", "-shm")
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be used; the message is one line."""
+
+
+def resolve_tracking_uri(configured: str | None, runs_dir: Path, environ: Mapping[str, str]) -> str:
+    """Config key, then ``$MLFLOW_TRACKING_URI``, then a sqlite file in ``runs_dir``."""
+    uri = configured or environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{(runs_dir / DEFAULT_DB).resolve()}"
+
+
+def prepare_sqlite_store(uri: str, rebuild: bool = False) -> None:
+    """Make sure a local sqlite store exists and is complete, and put it in WAL mode.
+
+    Creation is serialised by a file lock beside the database, so the first runs of a parallel
+    grid do not race to create its tables. Creating a store leaves a ``.<name>.creating`` marker
+    beside it until the store opens: a store whose creation was cut short (a full disk, a kill)
+    still has it, and is moved aside and created again. A store that is damaged (truncated,
+    malformed) is never replaced on its own, as its runs would vanish from every report: it stops
+    with one line saying how to recover it, unless ``rebuild`` (``tracking.rebuild_store=true``)
+    sets it aside. WAL lets the processes of a parallel sweep write side by side (readers never
+    block, writers queue); it is a property of the file and needs a local disk (not NFS): on a
+    cluster, use an MLflow server with a database.
+    """
+    path = sqlite_path(uri)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path.with_name(f".{path.name}.lock")):
+        _open_or_rebuild(uri, path, rebuild)
+        with sqlite3.connect(path, timeout=60) as connection:
+            if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                connection.execute("PRAGMA journal_mode=WAL")
+
+
+def _creating_marker(path: Path) -> Path:
+    return path.with_name(f".{path.name}.creating")
+
+
+def is_being_created(path: Path) -> bool:
+    """Whether this tool began creating the store ``path`` and never finished (it may be replaced)."""
+    return _creating_marker(path).exists()
+
+
+def _open_or_rebuild(uri: str, path: Path, rebuild: bool = False) -> None:
+    existed = path.exists() and path.stat().st_size > 0
+    marker = _creating_marker(path)
+    if not existed:
+        marker.touch()  # removed once the store opens: left behind, it says creation never finished
+        _create(uri, path)
+        return
+    try:
+        _open_store(uri)
+        marker.unlink(missing_ok=True)  # it opens: whatever made it finished
+        return
+    except Exception as error:  # sqlalchemy/MLflow raise several kinds for a half-made schema
+        reason = _first_line(error)
+    if marker.exists():
+        _set_aside(uri, path, "incomplete", f"was incomplete ({reason})")
+    elif rebuild:
+        _set_aside(uri, path, "damaged", f"cannot be opened ({reason}); tracking.rebuild_store=true")
+    elif (damage := sqlite_damage(path)) is not None or _count_runs(path) > 0:
+        raise TrackingError(damaged_store_line(path, damage or reason)) from None
+    else:  # intact sqlite, no run in it: a store cut short before the creation marker existed
+        _set_aside(uri, path, "incomplete", f"was incomplete ({reason})")
+    marker.touch()
+    _create(uri, path)
+
+
+def _create(uri: str, path: Path) -> None:
+    try:
+        if not _open_copied_empty_store(uri, path):
+            _open_store(uri)
+    except Exception as error:  # creating it failed now (a full disk...): the next start rebuilds it
+        raise TrackingError(f"the MLflow store {path} could not be created ({_first_line(error)})") from None
+    _creating_marker(path).unlink(missing_ok=True)
+
+
+def _set_aside(uri: str, path: Path, label: str, why: str) -> None:
+    aside = path.with_name(f"{path.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in SQLITE_FILE_SUFFIXES:
+        if Path(f"{path}{suffix}").exists():
+            os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+    print(f"[mesh] the MLflow store {path} {why}; moved to {aside.name}, created anew", file=sys.stderr)
+    forget_engine(uri)
+
+
+def damaged_store_line(path: Path, reason: str) -> str:
+    """What a damaged store is, and the two ways on, in one line."""
+    recovered = path.with_name(f"{path.stem}-recovered{path.suffix}")
+    return (
+        f"the MLflow store {path} is damaged ({reason}); recover its runs with "
+        f'sqlite3 {path} ".recover" | sqlite3 {recovered} and use tracking_uri=sqlite:///{recovered}, '
+        "or set tracking.rebuild_store=true to move it aside and start an empty store"
+    )
+
+
+def sqlite_damage(path: Path) -> str | None:
+    """Why the sqlite file ``path`` is damaged (shorter than its header says, malformed pages, not
+    a database), or None when it reads. Cheap: the header, then one count over the runs table."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+        size = path.stat().st_size
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    if not header.startswith(b"SQLite format 3\x00"):
+        return "not a SQLite database"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if header[24:28] == header[92:96] and pages and size < pages * page_size:
+        return f"truncated: {size} bytes of the {pages * page_size} its header records"
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            connection.execute("SELECT count(*) FROM runs").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.OperationalError as error:
+        if "no such table" in str(error) or "locked" in str(error):
+            return None  # a schema never made (incomplete, not damaged), or a writer holding it now
+        return _first_line(error)
+    except sqlite3.Error as error:
+        return _first_line(error)
+    return None
+
+
+def check_store_intact(uri: str) -> None:
+    """Raise :class:`TrackingError` (one line) when ``uri`` is a local sqlite store that is damaged."""
+    path = sqlite_path(uri)
+    damage = sqlite_damage(path) if path is not None and path.is_file() and path.stat().st_size > 0 else None
+    if damage is not None:
+        raise TrackingError(damaged_store_line(path, damage))  # type: ignore[arg-type]
+
+
+def _open_copied_empty_store(uri: str, path: Path) -> bool:
+    """A new store from the empty one made once (the template below); a copy that does
+    not open is removed with its template, and the store is made the slow way."""
+    if not copy_empty_store(path):
+        return False
+    try:
+        _open_store(uri)
+        return True
+    except Exception:
+        forget_engine(uri)
+        forget_template()
+        for suffix in SQLITE_FILE_SUFFIXES:
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return False
+
+
+def _open_store(uri: str) -> None:
+    import mlflow
+
+    mlflow.MlflowClient(uri).search_experiments(max_results=1)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def _count_runs(path: Path) -> int:
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error:
+        return 0
+    try:
+        return int(connection.execute("SELECT count(*) FROM runs").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        connection.close()
+
+
+def peek_run(uri: str, run_id: str, tag: str) -> tuple[str, str | None] | None:
+    """(status, value of ``tag`` or None) of run ``run_id`` of a local sqlite store, read from the
+    file without MLflow (whose import and store check take about 6 s of CPU): what
+    ``mesh-sweep --status`` needs of a grid's parent. None where ``uri`` is not a sqlite file, the
+    run is not in it, or it does not read; then ask MLflow."""
+    path = sqlite_path(uri)
+    if path is None or not path.is_file():
+        return None
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error:
+        return None
+    try:
+        row = connection.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()
+        value = connection.execute("SELECT value FROM tags WHERE run_uuid = ? AND key = ?", (run_id, tag)).fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        connection.close()
+    return None if row is None else (str(row[0]), None if value is None else str(value[0]))
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a local sqlite store (relative to the working directory if the URI
+    is); None for any other store."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+def artifact_location(uri: str, experiments_dir: Path) -> str | None:
+    """Where a new experiment keeps its artifacts: ``<runs_dir>/<experiment>/mlartifacts`` next to
+    the runs for a local store; the server's own default for any other store."""
+    return (experiments_dir / "mlartifacts").as_uri() if sqlite_path(uri) is not None else None
+
+
+@contextmanager
+def isolated_tracking_uri() -> Iterator[None]:
+    """Undo what ``mlflow.set_tracking_uri`` (called inside Lightning's MLFlowLogger) leaves in the
+    process and its environment, so one in-process run cannot redirect the next one."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    saved_uri = utils._tracking_uri
+    try:
+        yield
+    finally:
+        if utils._tracking_uri != saved_uri:
+            mlflow.set_tracking_uri(saved_uri)  # type: ignore[arg-type]  # None unsets it
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def template_path(cache_dir: str | None = None) -> Path:
+    """The empty store of the installed MLflow version."""
+    import mlflow
+
+    return cache_root(cache_dir) / "mlflow" / f"empty-store-{mlflow.__version__}.db"
+
+
+def copy_empty_store(path: Path) -> bool:
+    """Put an empty MLflow store at ``path`` (which must not hold a store); False when none could
+    be copied, and then nothing was written at ``path``."""
+    try:
+        template = template_path()
+        if not template.exists():
+            _make_template(template)
+        with atomic_path(path) as tmp:
+            shutil.copyfile(template, tmp)
+    except Exception:  # the disk, the cache, MLflow building the template: the slow way says what
+        return False
+    return True
+
+
+def forget_template() -> None:
+    """Remove the template, after a copy of it failed to open: the next store makes a new one."""
+    with contextlib.suppress(OSError):
+        template_path().unlink()
+
+
+def forget_engine(uri: str) -> None:
+    """MLflow keeps one store and one SQLAlchemy engine per URI for the life of the process; their
+    pooled connections still point at a file made or moved aside under that URI."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    cached = getattr(_tracking_store_registry._get_store_with_resolved_uri, "cache_clear", None)
+    if cached is not None:
+        cached()
+    engines = getattr(SqlAlchemyStore, "_engine_map", {})
+    engine = engines.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _make_template(template: Path) -> None:
+    import mlflow
+
+    with atomic_path(template) as tmp:
+        uri = f"sqlite:///{tmp}"
+        try:
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # MLflow runs its migrations
+        finally:
+            forget_engine(uri)
+        with contextlib.closing(sqlite3.connect(tmp)) as connection:
+            with connection:
+                connection.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")
+                connection.execute("DELETE FROM experiments WHERE experiment_id = 0")
+            connection.execute("VACUUM")
+            if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "delete":
+                raise sqlite3.Error("the template store is not in rollback-journal mode")
+        os.chmod(tmp, 0o644)
