@@ -10,7 +10,7 @@
   validation loss over tokens with its 95% CI (:mod:`results.curves` computes both);
 * the probe comparison of each block (:func:`experiments.probing.figures.plot_comparison`), and, where
   rows are mixtures of experts, their routing per router call, mean ± std over seeds
-  (:func:`experiments.probing.figures.routing_comparison_figure`).
+  (:func:`experiments.probing.routing_figures.routing_comparison_figure`).
 
 Every ``plot_*`` function returns the paths it wrote, or an empty list when the runs hold nothing to
 draw; a scheme has the same colour in every figure (:func:`mesh_model.probe_names.scheme_color`).
@@ -25,15 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.probing.figures import (
-    LINE_STYLES,
-    MARKERS,
-    ROUTING_KINDS,
-    figure,
-    plot_comparison,
-    routing_comparison_figure,
-    save_figure,
-)
+from experiments.probing.figures import LINE_STYLES, MARKERS, figure, plot_comparison, save_figure
+from experiments.probing.routing_figures import ROUTING_KINDS, routing_comparison_figure
 from mesh_model.probe_names import scheme_color, variant_index
 from results.aggregate import Results, Row
 from results.paper import PaperRow
@@ -368,7 +361,7 @@ ROUTING_SUMMARIES = ("mean", "loop_mean", "chance")  # probe/moe_<kind>/<summary
 
 def routing_series(row: Row) -> dict[str, dict[str, tuple[float, float | None]]]:
     """A MoE row's routing metrics (experiments.probing.routing) as
-    :func:`~experiments.probing.figures.routing_comparison_figure` takes them: ``load_cv`` and
+    :func:`~experiments.probing.routing_figures.routing_comparison_figure` takes them: ``load_cv`` and
     ``entropy`` per router call, ``jaccard`` per pair of iterations, each (mean, std) over seeds;
     empty for a dense row."""
     series: dict[str, dict[str, tuple[float, float | None]]] = {}

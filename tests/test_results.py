@@ -766,7 +766,7 @@ def test_tables_show_total_and_active_parameters_of_moe_rows_in_their_own_blocks
 def test_the_routing_figure_draws_each_moe_row_in_its_schemes_colour_in_the_order_calls_run():
     from matplotlib.colors import to_hex
 
-    from experiments.probing.figures import routing_comparison_figure
+    from experiments.probing.routing_figures import routing_comparison_figure
     from results.aggregate import Row
     from results.plots import routing_series
 

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from experiments.probing.figures import plot_report, plot_routing
+from experiments.probing.figures import plot_report
 from experiments.probing.routing import RoutingReport, chance_jaccard, routing_from_dict, routing_to_dict
+from experiments.probing.routing_figures import plot_routing
 from mesh_model.probes import ProbeReport
 
 PROBE_DIR = "probes"
