@@ -3,8 +3,9 @@
 Every case runs the real console script (``mesh-train``, ``mesh-eval``, ``mesh-probe``) in a
 subprocess with its own ``runs_dir`` and an empty ``MESH_CACHE_DIR``. Afterwards: the one line
 names the field, the exit code is 2, the store holds no run (or does not exist), no run folder
-exists under ``runs_dir/<experiment>``, the token cache was never touched (no data preparation),
-and the answer came within seconds. Cases that start servers are marked slow.
+exists under ``runs_dir/<experiment>``, the token cache was never touched (no data preparation):
+what shows that nothing was computed, where a bound on the time taken would fail on a loaded
+machine (a refusal has taken 32 s there). Cases that start servers are marked slow.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ FAST = ("model=tiny", "max_steps=2", "data.seq_len=32", "data.batch_size=2", "da
 def cli(tool: str, *args: str, tmp: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["MESH_CACHE_DIR"] = str(tmp / "cache")
+    # The timeout only stops a hang, never a slow machine: a refusal has taken 32 s under load.
     return subprocess.run(
-        [*prefix, str(BIN / tool), *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=120
+        [*prefix, str(BIN / tool), *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=600
     )
 
 

@@ -328,6 +328,8 @@ def mesh_sweep(args: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def until(condition, timeout: float, what: str):
+    """``condition()``'s first true value; ``timeout`` only stops a wait that would never end, so it
+    is far beyond what a loaded machine takes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := condition():
@@ -393,7 +395,7 @@ def test_a_detached_grid_is_followed_settled_cancelled_and_continued(cluster, tm
 
         # The short cell's process is killed outright (its run stays RUNNING): --status settles it.
         kill_outright(until(lambda: run_dir_of(runs, SHORT, checkpointed=True), 300, "the short cell to train"))
-        until(lambda: ended(first[0]), 120, "SLURM to end the killed job")
+        until(lambda: ended(first[0]), 300, "SLURM to end the killed job")
         long_dir = until(lambda: run_dir_of(runs, LONG, checkpointed=True), 300, "the long cell to train")
         code, out = mesh_sweep([*args, "--status"], tmp_path)
         rows = status_rows(out)
@@ -433,7 +435,7 @@ def test_a_detached_grid_is_followed_settled_cancelled_and_continued(cluster, tm
         until(lambda: log.exists() and "[mesh-train] resuming from" in log.read_text(), 300, "the long cell to resume")
         kill_outright(long_dir)
         until(lambda: (run_dir_of(runs, SHORT) / "result.json").exists(), 300, "the short cell to finish")
-        until(lambda: ended(again[0]) and ended(again[1]), 120, "SLURM to end both jobs")
+        until(lambda: ended(again[0]) and ended(again[1]), 300, "SLURM to end both jobs")
         code, out = mesh_sweep([*args, "--status"], tmp_path)
         rows = status_rows(out)
         result = json.loads((run_dir_of(runs, SHORT) / "result.json").read_text())
