@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sqlite3
 import ssl
 import tempfile
 import threading
@@ -30,7 +31,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from experiments.store.sqlite import TrackingError, check_store_intact, is_being_created, sqlite_path
+from experiments.store.sqlite import (
+    TrackingError,
+    check_store_intact,
+    is_being_created,
+    is_not_a_database,
+    sqlite_path,
+)
 from mesh_model.errors import ConfigError
 
 # The SQL databases MLflow's store accepts (SQLAlchemy URLs, ``+driver`` optional) besides sqlite.
@@ -46,7 +53,6 @@ DRIVER_PACKAGES = {
     "pyodbc": "pyodbc",
     "pymssql": "pymssql",
 }
-SQLITE_HEADER = b"SQLite format 3\x00"
 API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
 USE_LOCAL = "or unset MLFLOW_TRACKING_URI to use the local sqlite store"
 
@@ -172,12 +178,24 @@ def _check_sqlite(uri: str, path: Path) -> None:
         return
     if not os.access(path, os.R_OK | os.W_OK):
         raise TrackingError(f"tracking_uri={uri!r} is not writable")
-    with open(path, "rb") as file:
-        header = file.read(len(SQLITE_HEADER))
-    if header and header != SQLITE_HEADER:  # sqlite treats an empty file as a new database
+    if path.stat().st_size > 0 and not _reads_as_sqlite(path):  # sqlite makes an empty file a new database
         raise TrackingError(
             f"tracking_uri={uri!r}: {str(path)!r} exists and is not a SQLite database; give another path"
         )
+
+
+def _reads_as_sqlite(path: Path) -> bool:
+    """Whether SQLite takes ``path`` for a database (its header); asked of SQLite, never read with
+    ``open()``, which would drop this process's locks on a store it has open (experiments/store/sqlite.py)."""
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            connection.execute("PRAGMA schema_version").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.Error as error:
+        return not is_not_a_database(error)  # locked, or damaged further in: a database all the same
+    return True
 
 
 def _check_database(uri: str, timeout: float) -> None:

@@ -12,6 +12,17 @@ it, is left for MLflow to create when the copy is first opened, as it does for a
 one. Anything that goes wrong with the template (an unwritable cache, a full disk, a template
 that does not open) only means the store is created the slow way; the copy is never a partial
 file. :func:`forget_engine` is for a store file that was made or moved aside under a cached engine.
+
+Only SQLite opens a store's files, never ``open()``: POSIX record locks belong to a process and
+a file, not to a descriptor, so closing any descriptor a process holds on the database drops
+every lock the process holds on it. A connection in WAL mode keeps a shared lock on the database
+for as long as it is open; that lock is how another process closing its last connection knows it
+is not the last. Drop it (a header read in a grid's parent, or in a worker about to train its
+second cell, both holding MLflow's pooled connection) and the next process to close takes the
+file for itself, checkpoints, and deletes the WAL and shared memory this process still writes
+to: the store comes apart ("database disk image is malformed"), as a 39-run grid's did. SQLite's
+own opens know the locks of the process's other connections
+(https://www.sqlite.org/howtocorrupt.html, section 2.2), so every check here asks SQLite.
 """
 
 from __future__ import annotations
@@ -135,21 +146,10 @@ def damaged_store_line(path: Path, reason: str) -> str:
 
 
 def sqlite_damage(path: Path) -> str | None:
-    """Why the sqlite file ``path`` is damaged (shorter than its header says, malformed pages, not
-    a database), or None when it reads. Cheap: the header, then one count over the runs table."""
-    try:
-        with open(path, "rb") as f:
-            header = f.read(100)
-        size = path.stat().st_size
-    except OSError as error:
-        return error.strerror or type(error).__name__
-    if not header.startswith(b"SQLite format 3\x00"):
-        return "not a SQLite database"
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(header[28:32], "big")
-    if header[24:28] == header[92:96] and pages and size < pages * page_size:
-        return f"truncated: {size} bytes of the {pages * page_size} its header records"
+    """Why the sqlite file ``path`` is damaged (malformed pages, a file cut short, not a database),
+    or None when it reads. Cheap: one count over the runs table, asked of SQLite.
+
+    Asked of SQLite, never read with ``open()``: see the module docstring."""
     try:
         connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
@@ -161,8 +161,13 @@ def sqlite_damage(path: Path) -> str | None:
             return None  # a schema never made (incomplete, not damaged), or a writer holding it now
         return _first_line(error)
     except sqlite3.Error as error:
-        return _first_line(error)
+        return "not a SQLite database" if is_not_a_database(error) else _first_line(error)
     return None
+
+
+def is_not_a_database(error: sqlite3.Error) -> bool:
+    """Whether SQLite refused a file as not being a database (SQLITE_NOTADB)."""
+    return getattr(error, "sqlite_errorcode", None) == 26 or "file is not a database" in str(error)
 
 
 def check_store_intact(uri: str) -> None:
