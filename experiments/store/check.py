@@ -36,6 +36,7 @@ from experiments.store.sqlite import (
     check_store_intact,
     is_being_created,
     is_not_a_database,
+    read_one,
     sqlite_path,
 )
 from mesh_model.errors import ConfigError
@@ -188,11 +189,7 @@ def _reads_as_sqlite(path: Path) -> bool:
     """Whether SQLite takes ``path`` for a database (its header); asked of SQLite, never read with
     ``open()``, which would drop this process's locks on a store it has open (experiments/store/sqlite.py)."""
     try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
-            connection.execute("PRAGMA schema_version").fetchone()
-        finally:
-            connection.close()
+        read_one(path, "PRAGMA schema_version")
     except sqlite3.Error as error:
         return not is_not_a_database(error)  # locked, or damaged further in: a database all the same
     return True

@@ -147,15 +147,10 @@ def damaged_store_line(path: Path, reason: str) -> str:
 
 def sqlite_damage(path: Path) -> str | None:
     """Why the sqlite file ``path`` is damaged (malformed pages, a file cut short, not a database),
-    or None when it reads. Cheap: one count over the runs table, asked of SQLite.
-
-    Asked of SQLite, never read with ``open()``: see the module docstring."""
+    or None when it reads. Cheap: one count over the runs table, asked of SQLite (never ``open()``:
+    see the module docstring)."""
     try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
-            connection.execute("SELECT count(*) FROM runs").fetchone()
-        finally:
-            connection.close()
+        read_one(path, "SELECT count(*) FROM runs")
     except sqlite3.OperationalError as error:
         if "no such table" in str(error) or "locked" in str(error):
             return None  # a schema never made (incomplete, not damaged), or a writer holding it now
@@ -163,6 +158,16 @@ def sqlite_damage(path: Path) -> str | None:
     except sqlite3.Error as error:
         return "not a SQLite database" if is_not_a_database(error) else _first_line(error)
     return None
+
+
+def read_one(path: Path, sql: str) -> tuple:
+    """The first row of ``sql`` on the database ``path``, opened read-only by SQLite (the one way
+    this package reads a store file; see the module docstring). Raises :class:`sqlite3.Error`."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return connection.execute(sql).fetchone()
+    finally:
+        connection.close()
 
 
 def is_not_a_database(error: sqlite3.Error) -> bool:
@@ -206,15 +211,9 @@ def _first_line(error: BaseException) -> str:
 
 def _count_runs(path: Path) -> int:
     try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        return int(read_one(path, "SELECT count(*) FROM runs")[0])
     except sqlite3.Error:
         return 0
-    try:
-        return int(connection.execute("SELECT count(*) FROM runs").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-    finally:
-        connection.close()
 
 
 def peek_run(uri: str, run_id: str, tag: str) -> tuple[str, str | None] | None:
