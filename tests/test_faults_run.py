@@ -178,6 +178,41 @@ def test_sigterm_saves_a_checkpoint_at_the_next_step_and_resumes(tmp_path, unint
     resume_and_compare(tmp_path, uninterrupted)
 
 
+# mesh-train with one callback more, which sends the process SIGTERM at the end of a chosen step:
+# where a signal from outside lands is up to the scheduler, and the step that validates is the case
+# that needs care (Lightning replays its end on resume).
+SIGTERM_AT_STEP = """
+import os, signal, sys
+import lightning.pytorch as pl
+import experiments.trainer
+
+class SigtermAtStep(pl.Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == int(os.environ["SIGTERM_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+made = experiments.trainer.run_callbacks
+experiments.trainer.run_callbacks = lambda *args: [SigtermAtStep(), *made(*args)]
+from experiments.train import cli
+cli(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("step", [20, 13])
+def test_sigterm_at_the_end_of_a_step_resumes_exactly_whether_it_validated_or_not(tmp_path, uninterrupted, step):
+    """Stopped by SIGTERM at the end of step 20, which validates, the checkpoint holds step 20 and
+    the resumed run logs ``train/loss`` from step 20 on (not 21: Lightning replays the end of a
+    validated step on resume, which counts its logging step once more); the same at step 13."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIGTERM_AT_STEP": str(step)}
+    command = [sys.executable, "-c", SIGTERM_AT_STEP, *RUN, f"runs_dir={tmp_path}"]
+    stopped = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert f"[mesh-train] stopped on SIGTERM at step {step}," in stopped.stderr
+    saved = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == step
+    resume_and_compare(tmp_path, uninterrupted)
+
+
 def test_sigterm_to_every_ddp_rank_stops_them_at_one_step_and_the_run_resumes_once(tmp_path):
     """SIGTERM to the whole process group, as srun signals every task: the two ranks stop at the
     end of the same step with last.ckpt saved (Lightning 2.6's own handler deadlocks them here),

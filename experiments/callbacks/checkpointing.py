@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
 
 
 class NoSpaceLeft(OSError):
@@ -62,8 +63,8 @@ class StepCheckpoint(pl.Callback):
     The checkpoint of step N is written at the start of step N+1, when everything step N does
     (its validation and its logging included) is over, so a run resumed from it repeats nothing
     and misses nothing. On SIGTERM (SLURM's preemption and time limit, ``kill``), Lightning stops
-    at the end of the step in progress with ``SIGTERMException`` (its handler only sets a flag);
-    ``last.ckpt`` is saved then. When training ends, ``last.ckpt`` is written (and ``step<N>.ckpt``
+    with ``SIGTERMException`` at the end of the step in progress, its validation included
+    (:class:`StopOnStepBoundary`); ``last.ckpt`` is saved then. When training ends, ``last.ckpt`` is written (and ``step<N>.ckpt``
     if N is a multiple of ``every``).
 
     Weights that are not finite are never saved (with ``check_finite``): the step raises
@@ -78,6 +79,7 @@ class StepCheckpoint(pl.Callback):
         self._saved_step: int | None = None
         self._resumable = 0  # the step of the newest checkpoint on disk
         self._at_batch_start = False
+        self._at_sigterm = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._resumable = trainer.global_step  # resumed from a checkpoint of this step (0: none)
@@ -96,17 +98,19 @@ class StepCheckpoint(pl.Callback):
                 self._at_batch_start = False
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        """Make a checkpoint saved from ``on_train_batch_start`` read as one Lightning saves after
-        step N's last hook: the next batch is not yet counted as fetched ("ready"). When step N
-        was a validation step, Lightning restores it as "saved on validation end" and replays the
-        end of step N (skipping the validation), which counts the logging step
-        (``_batches_that_stepped``) once more: it is saved one behind for that. The exact-resume
-        tests hold both cases to the uninterrupted run, step by step."""
-        if not self._at_batch_start:
+        """Make a checkpoint taken after step N's end (from ``on_train_batch_start``, or on
+        SIGTERM) read as one Lightning saves after step N's last hook. From the batch start: the
+        next batch is not yet counted as fetched ("ready"). Either way, when step N was a
+        validation step, Lightning restores it as "saved on validation end" and replays the end of
+        step N (skipping the validation), which counts the logging step (``_batches_that_stepped``)
+        once more: it is saved one behind for that. The exact-resume tests hold every case to the
+        uninterrupted run, step by step (tests/test_faults_run.py)."""
+        if not (self._at_batch_start or self._at_sigterm):
             return
         loop = checkpoint["loops"]["fit_loop"]
-        for counter in ("total", "current"):
-            loop["epoch_loop.batch_progress"][counter]["ready"] -= 1
+        if self._at_batch_start:
+            for counter in ("total", "current"):
+                loop["epoch_loop.batch_progress"][counter]["ready"] -= 1
         val_every = trainer.val_check_batch  # in batches: optimizer steps x accumulated micro-batches
         if isinstance(val_every, int) and trainer.global_step % (val_every // trainer.accumulate_grad_batches) == 0:
             loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
@@ -127,7 +131,11 @@ class StepCheckpoint(pl.Callback):
         from experiments.callbacks.divergence import finite_weights
 
         if isinstance(exception, SIGTERMException) and (not self.check_finite or finite_weights(pl_module)):
-            self._write(trainer, self.last, trainer.global_step)
+            self._at_sigterm = True  # StopOnStepBoundary: Lightning stopped after the step's end
+            try:
+                self._write(trainer, self.last, trainer.global_step)
+            finally:
+                self._at_sigterm = False
 
     def _refuse_non_finite(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from experiments.callbacks.divergence import Diverged, finite_weights
@@ -157,46 +165,56 @@ class StepCheckpoint(pl.Callback):
 
 
 class StopOnStepBoundary(pl.Callback):
-    """A SIGTERM stops training at the end of a whole optimizer step, on every rank at once.
+    """A SIGTERM stops training at the end of a whole optimizer step, after that step's
+    validation, on every rank at once.
 
-    With gradient accumulation, a SIGTERM that lands between two micro-batches of a step waits
-    for the step's last one: Lightning stops after whichever batch is running, and a checkpoint
-    saved part-way through a step would lose the gradients accumulated so far while its data
-    position counts them (the resumed step would see fewer micro-batches). Lightning reads its
-    SIGTERM flag right after ``on_train_batch_end``; the flag is held back until the batch that
-    ends the step. Put it after the other callbacks: a signal that comes after its hook (in the
-    module's own hook, a few microseconds) still stops mid-step.
+    Lightning's own SIGTERM handler sets a flag that its loops read at three places: after each
+    micro-batch, after each validation batch and after the step's end. Acted on at the first two,
+    a stop falls part-way through a step (a checkpoint there loses the gradients accumulated so
+    far while its data position counts them) or part-way through a validation (the resumed run
+    redoes it from the middle and its metric is lost). So the handler here only notes the request
+    (it takes the notifier's place in the handler Lightning composed), and the flag is raised by
+    this callback alone: at the end of a step's last micro-batch, and, for a step that validates,
+    held while the validation runs. The stop then always comes after the whole step, validation
+    and logging included, whenever the signal landed.
 
-    Under DDP (more than one rank) Lightning's own SIGTERM handler broadcasts inside the signal
-    handler (Lightning 2.6, PR #20825): each rank that is signalled (srun signals them all) makes
-    one collective more than the others, at a different point, and the ranks wait on each other
-    forever. There the handler only notes the request, and at the end of each step the ranks
-    agree (any rank signalled) and all raise Lightning's stop at the same step, so that the
-    ``last.ckpt`` they save together is the same step's."""
+    Under DDP (more than one rank) the request is agreed at the end of each step (any rank
+    signalled) so that every rank raises the flag at the same step and the ``last.ckpt`` they save
+    together is that step's; Lightning 2.6's own handler broadcasts inside the signal handler (PR
+    #20825), and ranks signalled at different points then wait on each other forever."""
 
     def __init__(self) -> None:
-        self._held = False
         self._requested = False
+        self._held = False
         self._ranks = 1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ranks = trainer.world_size
-        if self._ranks > 1:
-            _replace_sigterm_notifier(trainer, self._request)
+        connector = trainer._signal_connector  # Lightning's SIGTERM flag lives there
+        self._requested, connector.received_sigterm = connector.received_sigterm, False  # came during set-up
+        _replace_sigterm_notifier(trainer, self._request)
 
     def _request(self, signum: int, frame: object) -> None:
         self._requested = True
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
-        connector = trainer._signal_connector  # Lightning's SIGTERM flag lives there
-        ends_step = not trainer.fit_loop._should_accumulate()
+        if trainer.fit_loop._should_accumulate():
+            return  # the step is not over
         if self._ranks > 1:
-            if ends_step and trainer.strategy.reduce_boolean_decision(self._requested, all=False):
-                connector.received_sigterm = True
-        elif connector.received_sigterm and not ends_step:
+            stop = trainer.strategy.reduce_boolean_decision(self._requested, all=False)
+        else:
+            stop = self._requested
+        if stop:
+            trainer._signal_connector.received_sigterm = True
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        connector = trainer._signal_connector
+        if trainer.state.fn == TrainerFn.FITTING and connector.received_sigterm:
             connector.received_sigterm, self._held = False, True
-        elif self._held and ends_step:
-            connector.received_sigterm, self._held = True, False
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._held:
+            trainer._signal_connector.received_sigterm, self._held = True, False
 
 
 def _replace_sigterm_notifier(trainer: pl.Trainer, request: Callable[[int, object], None]) -> None:
