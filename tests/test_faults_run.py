@@ -165,19 +165,6 @@ def test_ctrl_c_is_killed_interrupted_with_exit_130_and_resumes(tmp_path, uninte
     resume_and_compare(tmp_path, uninterrupted)
 
 
-def test_sigterm_saves_a_checkpoint_at_the_next_step_and_resumes(tmp_path, uninterrupted):
-    code, last_line, status, tags = signal_after_first_checkpoint(tmp_path, signal.SIGTERM)
-    assert code == 143
-    assert last_line.startswith("[mesh-train] stopped on SIGTERM at step ") and last_line.endswith(
-        ", checkpoint saved; run the same command to resume"
-    )
-    step = int(last_line.split("at step ")[1].split(",")[0])
-    saved = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert saved["global_step"] == step > 10  # the step in progress was finished and saved
-    assert status == "KILLED" and tags["terminated"] == f"SIGTERM at step {step}; run the same command to resume"
-    resume_and_compare(tmp_path, uninterrupted)
-
-
 # mesh-train with one callback more, which sends the process SIGTERM at the end of a chosen step:
 # where a signal from outside lands is up to the scheduler, and the step that validates is the case
 # that needs care (Lightning replays its end on resume).
@@ -199,17 +186,25 @@ cli(sys.argv[1:])
 
 
 @pytest.mark.parametrize("step", [20, 13])
-def test_sigterm_at_the_end_of_a_step_resumes_exactly_whether_it_validated_or_not(tmp_path, uninterrupted, step):
-    """Stopped by SIGTERM at the end of step 20, which validates, the checkpoint holds step 20 and
-    the resumed run logs ``train/loss`` from step 20 on (not 21: Lightning replays the end of a
-    validated step on resume, which counts its logging step once more); the same at step 13."""
+def test_sigterm_saves_a_checkpoint_at_the_end_of_the_step_and_resumes_exactly(tmp_path, uninterrupted, step):
+    """SIGTERM at the end of step 13 (no validation) or 20 (which validates): the run stops there
+    with exit 143 and ``last.ckpt`` of that step, KILLED with a ``terminated`` tag, and the resumed
+    run is the uninterrupted one. At 20 it stops after the validation (not between two of its
+    batches) and resumes logging ``train/loss`` at step 20, not 21: Lightning replays the end of a
+    validated step on resume, which counts its logging step once more."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIGTERM_AT_STEP": str(step)}
     command = [sys.executable, "-c", SIGTERM_AT_STEP, *RUN, f"runs_dir={tmp_path}"]
     stopped = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
-    assert f"[mesh-train] stopped on SIGTERM at step {step}," in stopped.stderr
+    last_line = stopped.stderr.strip().splitlines()[-1]
+    assert (
+        last_line == f"[mesh-train] stopped on SIGTERM at step {step}, checkpoint saved; run the same command to resume"
+    )
     saved = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert saved["global_step"] == step
+    assert saved["global_step"] == step  # the step in progress was finished and saved
+    status, tags, histories = record(tmp_path)
+    assert status == "KILLED" and tags["terminated"] == f"SIGTERM at step {step}; run the same command to resume"
+    assert [s for s, _ in histories["val/shakespeare/loss"]] == ([20] if step == 20 else [])
     resume_and_compare(tmp_path, uninterrupted)
 
 
