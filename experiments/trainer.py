@@ -54,7 +54,7 @@ def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
         from experiments.callbacks.pruning import OptunaPruning
 
         callbacks.append(OptunaPruning(search, f"val/{val_names[0]}/loss"))
-    # Last: it sees a SIGTERM that came during any other callback's end-of-batch hook.
+    # Owns SIGTERM: a stop at the end of a whole step, after its validation (see its docstring).
     callbacks.append(StopOnStepBoundary())
     return callbacks
 

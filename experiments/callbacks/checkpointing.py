@@ -64,8 +64,8 @@ class StepCheckpoint(pl.Callback):
     (its validation and its logging included) is over, so a run resumed from it repeats nothing
     and misses nothing. On SIGTERM (SLURM's preemption and time limit, ``kill``), Lightning stops
     with ``SIGTERMException`` at the end of the step in progress, its validation included
-    (:class:`StopOnStepBoundary`); ``last.ckpt`` is saved then. When training ends, ``last.ckpt`` is written (and ``step<N>.ckpt``
-    if N is a multiple of ``every``).
+    (:class:`StopOnStepBoundary`); ``last.ckpt`` is saved then. When training ends, ``last.ckpt``
+    is written (and ``step<N>.ckpt`` if N is a multiple of ``every``).
 
     Weights that are not finite are never saved (with ``check_finite``): the step raises
     :class:`~experiments.callbacks.divergence.Diverged` and the last good checkpoint stays. A
