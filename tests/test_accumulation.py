@@ -117,6 +117,25 @@ def test_sigterm_in_the_middle_of_a_step_waits_for_its_last_micro_batch(tmp_path
     assert steps == [("SIGTERMException", *stopped_after)]
 
 
+def test_a_fit_outside_the_main_thread_trains_with_the_step_boundary_callback(tmp_path):
+    """No signal handler can be set outside the main thread: the callback sets none there (as
+    Lightning does) instead of failing the fit."""
+    import threading
+
+    done: list[object] = []
+
+    def train() -> None:
+        try:
+            done.append(fit(tmp_path, 2, 1, 2, [StopOnStepBoundary()]).global_step)
+        except Exception as error:  # reported below, in the test's own thread
+            done.append(error)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    worker.join(timeout=600)
+    assert done == [2]
+
+
 def test_an_epoch_is_cut_to_whole_optimizer_steps():
     sampler = EpochPermutation(n=100, seed=0, batch_size=4, batches_per_step=3)
     assert len(sampler) == 96  # 8 steps of 3 x 4; 25 batches without accumulation

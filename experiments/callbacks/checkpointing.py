@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -225,8 +226,9 @@ def _replace_sigterm_notifier(trainer: pl.Trainer, request: Callable[[int, objec
     notifier = trainer._signal_connector._sigterm_notifier_fn
     if isinstance(handlers, list) and notifier in handlers:
         composed.signal_handlers = [request if h == notifier else h for h in handlers]  # type: ignore[union-attr]
-    else:  # not Lightning's composition: a SIGTERM handler of our own all the same
+    elif threading.current_thread() is threading.main_thread():  # not Lightning's: our own all the same
         signal.signal(signal.SIGTERM, request)
+    # else: a fit outside the main thread, where no handler can be set (Lightning sets none either)
 
 
 def is_intact(path: Path) -> bool:
