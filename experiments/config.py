@@ -78,6 +78,9 @@ class OptimConfig:
     warmup_steps: int | None = None
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
+    # The state-passing scheme's own parameters (MeSH's routers, the static/dynamic coefficients)
+    # train at this multiple of the peak LR, in their own optimizer groups, on the same schedule.
+    router_lr_scale: float = 1.0
 
     def validate(self) -> None:
         if self.lr is not None and not (0 < self.lr < float("inf")):
@@ -90,12 +93,6 @@ class OptimConfig:
             except ConfigError:
                 known = did_you_mean(scheme, NAMED_SCHEMES) + UNKNOWN_SCHEME
                 raise ConfigError("optim.lr_by_scheme", scheme, known) from None
-
-    def peak_lr(self, scheme: str, preset_lr: float) -> float:
-        """The peak LR of a run of ``scheme``: its entry in ``lr_by_scheme``, else ``lr``, else the preset's."""
-        by_scheme = {canonical_variant(k): v for k, v in self.lr_by_scheme.items()}
-        lr = by_scheme.get(canonical_variant(scheme), self.lr)
-        return float(lr) if lr is not None else preset_lr
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError("optim.betas", list(self.betas), "two numbers in [0, 1)")
         _at_least("optim.weight_decay", self.weight_decay, 0)
@@ -106,6 +103,16 @@ class OptimConfig:
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ConfigError(f"optim.{name}", value, "must be in [0, 1]")
+        if not isinstance(self.router_lr_scale, (int, float)) or not 0 < self.router_lr_scale < float("inf"):
+            raise ConfigError(
+                "optim.router_lr_scale", self.router_lr_scale, "must be a finite number > 0 (1 = the peak LR)"
+            )
+
+    def peak_lr(self, scheme: str, preset_lr: float) -> float:
+        """The peak LR of a run of ``scheme``: its entry in ``lr_by_scheme``, else ``lr``, else the preset's."""
+        by_scheme = {canonical_variant(k): v for k, v in self.lr_by_scheme.items()}
+        lr = by_scheme.get(canonical_variant(scheme), self.lr)
+        return float(lr) if lr is not None else preset_lr
 
 
 @dataclass
@@ -269,7 +276,7 @@ class TrainConfig:
 GROUP_SCHEMAS = {"data": DataConfig, "trainer": TrainerConfig, "optim": OptimConfig}
 # Groups whose options set keys anywhere in the config (``# @package _global_``): no schema of
 # their own, every key they set is typed by the schema it lands in.
-GLOBAL_GROUPS = ("recipe",)
+GLOBAL_GROUPS = ("recipe", "arm")
 
 
 def register_configs() -> None:

@@ -52,6 +52,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "trainer.accumulate_grad_batches": 1,
     "optim.warmup_steps": None,
     "optim.lr_by_scheme": {},
+    "optim.router_lr_scale": 1.0,
 }
 # The model axes of the config; the hash takes the model they resolve to instead.
 MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")

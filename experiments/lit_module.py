@@ -16,18 +16,34 @@ from experiments.schedule import lr_multiplier
 from mesh_model import ModelConfig, build_model
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only: not on biases, LayerNorms or scheme coefficients."""
-    decay, no_decay = [], []
+def parameter_groups(
+    model: torch.nn.Module, weight_decay: float, peak_lr: float | None = None, router_lr_scale: float = 1.0
+) -> list[dict]:
+    """Weight decay on matrices only: not on biases, LayerNorms or scheme coefficients.
+
+    With ``router_lr_scale`` != 1 the state-passing scheme's own parameters (``state_passing.*``:
+    MeSH's routers, the static/dynamic coefficients) form two more groups (decayed or not, by the
+    same rule) at ``router_lr_scale * peak_lr``; the schedule multiplies every group's LR alike."""
+    groups: dict[tuple[bool, bool], list] = {(d, r): [] for r in (False, True) for d in (True, False)}
+    separate = router_lr_scale != 1.0
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         is_matrix = param.ndim >= 2 and not name.endswith("coefficients")
-        (decay if is_matrix else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        groups[(is_matrix, separate and name.startswith("state_passing."))].append(param)
+    out = [
+        {"params": groups[(True, False)], "weight_decay": weight_decay},
+        {"params": groups[(False, False)], "weight_decay": 0.0},
     ]
+    if separate:
+        if peak_lr is None:
+            raise ValueError("parameter_groups: router_lr_scale needs peak_lr")
+        lr = router_lr_scale * peak_lr
+        out += [
+            {"params": groups[(True, True)], "weight_decay": weight_decay, "lr": lr},
+            {"params": groups[(False, True)], "weight_decay": 0.0, "lr": lr},
+        ]
+    return [group for group in out if group["params"]] if separate else out
 
 
 class MeshLitModule(pl.LightningModule):
@@ -67,7 +83,8 @@ class MeshLitModule(pl.LightningModule):
         """The language-model loss (logged as ``train/loss``), plus, for a mixture-of-experts model,
         the router losses weighted by their coefficients (``ModelOutput.aux_loss``): what is
         backpropagated. ``train/aux_lb`` and ``train/aux_z`` log the unweighted load-balancing and
-        z-losses; a dense model logs neither.
+        z-losses; a dense model logs neither. MeSH with a router z-loss adds it (weighted) and logs
+        it as ``train/mesh_router_z``.
 
         With gradient accumulation (``trainer.accumulate_grad_batches``) the logged values are
         the means over the step's micro-batches, logged once per optimizer step (Lightning scales
@@ -77,9 +94,11 @@ class MeshLitModule(pl.LightningModule):
         loss = out.loss
         window = self._window.setdefault("train/loss", [])
         window.append(loss.detach())
+        extras = {"train/aux_lb": out.aux_lb, "train/aux_z": out.aux_z, "train/mesh_router_z": out.mesh_z}
+        for name, value in extras.items():
+            if value is not None:
+                self._window.setdefault(name, []).append(value.detach())
         if out.aux_loss is not None:
-            self._window.setdefault("train/aux_lb", []).append(out.aux_lb.detach())
-            self._window.setdefault("train/aux_z", []).append(out.aux_z.detach())
             loss = loss + out.aux_loss
         if (batch_idx + 1) % self._accumulation() == 0:  # the optimizer steps after this micro-batch
             for name, values in self._window.items():
@@ -134,7 +153,7 @@ class MeshLitModule(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
-            parameter_groups(self.model, self.optim.weight_decay),
+            parameter_groups(self.model, self.optim.weight_decay, self.peak_lr, self.optim.router_lr_scale),
             lr=self.peak_lr,
             betas=tuple(self.optim.betas),
             fused=False,

@@ -13,6 +13,7 @@ from typing import Any
 
 from mesh_model.errors import ConfigError, did_you_mean
 from mesh_model.layout import Layout
+from mesh_model.mesh_router import RouterOptions
 from mesh_model.scheme_names import SchemeSpec
 
 
@@ -64,6 +65,7 @@ PRESETS: dict[str, Preset] = {
 }
 MOE_PRESET_FIELDS = ("moe_experts", "moe_top_k", "moe_hidden")
 MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_hidden", "moe_layers", "moe_aux_coef", "moe_z_coef")
+MESH_ROUTER_FIELDS = tuple(RouterOptions.FIELDS.values())
 MOE_LAYERS_FORMS = (
     "use 'all', a stride n >= 1 (the blocks whose index % n == n-1) or a list of block indices; blocks "
     "are numbered over the distinct blocks, prelude first, then each core, then the coda"
@@ -110,6 +112,10 @@ class ModelConfig:
     ``moe_hidden`` mlp_ratio * d_model // top_k (the active experts' width equals the dense MLP's);
     ``moe_layers`` ``"all"``; ``moe_aux_coef`` 0.01 and ``moe_z_coef`` 0.001 (OLMoE's).
 
+    ``mesh_router_*`` and ``mesh_final_read`` are MeSH's open choices (:mod:`mesh_model.mesh_router`,
+    resolved into :attr:`router_options`); at their defaults they leave the model and its dict (and
+    so a run's hash) as they were before they existed, and only ``scheme=mesh`` may set them.
+
     ``moe_layers`` indexes the distinct blocks in the order they are built: the prelude's
     blocks 0..P-1, then each core's blocks, then the coda's (``1+2R2+1``: prelude 0, core 1-2,
     coda 3; a vanilla layout's blocks are its layers). A shared core's block is one module, so
@@ -136,10 +142,17 @@ class ModelConfig:
     moe_layers: str | int | tuple[int, ...] | None = None
     moe_aux_coef: float | None = None
     moe_z_coef: float | None = None
+    mesh_router_init: str = "uniform"
+    mesh_router_own_weight: float = 0.9
+    mesh_router_norm: str = "none"
+    mesh_router_temperature: float = 1.0
+    mesh_router_z_coef: float = 0.0
+    mesh_final_read: str = "read"
     preset: str | None = None
     parsed_layout: Layout = field(init=False, repr=False, compare=False)
     scheme_spec: SchemeSpec = field(init=False, repr=False, compare=False)
     moe: MoESpec | None = field(init=False, repr=False, compare=False)
+    router_options: RouterOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         layout = Layout.parse(self.layout)
@@ -163,6 +176,15 @@ class ModelConfig:
                 "buffer_slots", self.buffer_slots, "MeSH needs at least 1 slot (the paper's rule is B=K+3)"
             )
         object.__setattr__(self, "moe", self._resolve_moe())
+        object.__setattr__(self, "router_options", self._resolve_router())
+
+    def _resolve_router(self) -> RouterOptions:
+        options = RouterOptions(**{name: getattr(self, f) for name, f in RouterOptions.FIELDS.items()})
+        changed = options.changed
+        if changed and self.scheme_spec.kind != "mesh":
+            name, value = next(iter(changed.items()))
+            raise ConfigError(name, value, f"only scheme=mesh has routers (scheme={self.scheme}): drop {name}")
+        return options
 
     def _resolve_moe(self) -> MoESpec | None:
         if self.moe_experts is None:
@@ -290,14 +312,16 @@ class ModelConfig:
 
     def vanilla(self) -> ModelConfig:
         """The compute-matched vanilla model: same shape, ``compute_depth`` plain layers."""
-        return self.replace(layout=str(self.compute_depth), scheme="base", buffer_slots=None)
+        defaults = {f: getattr(RouterOptions, name) for name, f in RouterOptions.FIELDS.items()}
+        return self.replace(layout=str(self.compute_depth), scheme="base", buffer_slots=None, **defaults)
 
     def to_dict(self) -> dict[str, Any]:
         """The init fields, ``ModelConfig(**to_dict())`` rebuilds the config. The ``moe_*`` fields
         appear resolved (``moe_top_k=None`` and ``moe_top_k=2`` are one model) and only when MoE is
         on, so a dense config's dict (and a run's hash, experiments/identity.py) is what it was
-        before MoE existed."""
-        values = {f: getattr(self, f) for f in _FIELD_NAMES if f not in MOE_FIELDS}
+        before MoE existed. MeSH's router options likewise appear only when set away from their defaults."""
+        values = {f: getattr(self, f) for f in _FIELD_NAMES if f not in MOE_FIELDS and f not in MESH_ROUTER_FIELDS}
+        values.update(self.router_options.changed)
         if self.moe is not None:
             moe = self.moe
             layers = self.moe_layers if self.moe_layers is not None else "all"

@@ -38,7 +38,8 @@ class ModelOutput:
     ``aux_lb`` and ``aux_z`` are the unweighted load-balancing and router z-losses, each the mean
     over every router call of the pass (a shared core's block counts once per loop iteration,
     :func:`mesh_model.moe.combine`); ``aux_loss`` = moe_aux_coef * aux_lb + moe_z_coef * aux_z is
-    what training adds to ``loss``. ``routing`` (asked for with ``return_routing``) maps each MoE
+    what training adds to ``loss``. ``mesh_z`` (MeSH with ``mesh_router_z_coef`` > 0, else None) is
+    its routers' z-loss times that coefficient, also in ``aux_loss``. ``routing`` (asked for with ``return_routing``) maps each MoE
     block's module name (``prelude.0``, ``cores.0.1``, ``coda.0``) to its
     :class:`~mesh_model.moe.BlockRouting`: expert load, router entropy and the chosen-expert
     Jaccard between consecutive loop iterations; empty for a dense model.
@@ -51,6 +52,7 @@ class ModelOutput:
     aux_loss: Tensor | None = None
     aux_lb: Tensor | None = None
     aux_z: Tensor | None = None
+    mesh_z: Tensor | None = None
     routing: dict[str, BlockRouting] | None = None
 
 
@@ -98,7 +100,7 @@ class MeshTransformer(nn.Module):
         self.state_passing: StatePassing | None = None
         if not layout.is_vanilla:
             self.state_passing = build_state_passing(
-                config.scheme_spec, layout.loops, d, config.slots, config.init_std, mesh_buffer
+                config.scheme_spec, layout.loops, d, config.slots, config.init_std, mesh_buffer, config.router_options
             )
         self.core_schedule = layout.core_schedule
         self.embedding_scale = math.sqrt(d) if config.scale_embeddings else 1.0
@@ -170,6 +172,7 @@ class MeshTransformer(nn.Module):
             raise ValueError(f"input length {seq_len} exceeds max_seq_len={self.config.max_seq_len}")
         rope = rotary_tables(seq_len, self.config.rotary_dims, self.config.rotary_base, input_ids.device)
         stages: dict[str, Tensor] = {}
+        mesh_z: Tensor | None = None
         core_outputs: dict[str, Tensor] = {}
         calls: list[tuple[str, RouterCall]] = []  # (MoE block name, its call), in the order run
 
@@ -192,6 +195,7 @@ class MeshTransformer(nn.Module):
                 if return_hidden_states:
                     core_outputs[f"f{t + 1}"], stages[f"h{t + 1}"] = core_out, state.h
             h = self.state_passing.end(state)
+            mesh_z = self.state_passing.z_loss(state)
 
         h, routed = self._run_stack("coda", h, rope, return_routing)
         calls += zip(self._routed_names["coda"], routed, strict=True)
@@ -199,6 +203,10 @@ class MeshTransformer(nn.Module):
             stages["coda"] = h
         h = self.final_layer_norm(h)
         extras = self._router_outputs(calls, return_routing)
+        if mesh_z is not None:
+            extras.update(
+                mesh_z=mesh_z, aux_loss=mesh_z if extras.get("aux_loss") is None else extras["aux_loss"] + mesh_z
+            )
         extras.update(
             hidden_states=stages if return_hidden_states else None,
             core_outputs=core_outputs if return_hidden_states else None,

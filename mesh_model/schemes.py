@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from mesh_model.errors import ConfigError
 from mesh_model.init import SeededInit
+from mesh_model.mesh_router import DEFAULT_ROUTER, RouterOptions, Routing, own_slot, own_slot_bias, route
 from mesh_model.scheme_names import (  # re-exported: the names were defined here before
     SCHEME_FORMS,
     SUPPLEMENT_TERMS,
@@ -67,6 +68,10 @@ class StatePassing(nn.Module):
 
     def end(self, state: LoopState) -> Tensor:
         return state.h
+
+    def z_loss(self, state: LoopState) -> Tensor | None:
+        """A loss the scheme adds to training (MeSH's router z-loss); None: nothing."""
+        return None
 
 
 class FixedSum(StatePassing):
@@ -124,18 +129,6 @@ class DynamicCombination(StatePassing):
         return state
 
 
-def _routing(write: nn.Linear, read: nn.Linear, h: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax write and read weights over the slots, each (N, L, B), softmax in fp32.
-
-    Both routers in one matmul: they read the same h, and the (D -> B) products are too narrow
-    to be anything but a pass over h, so one pass instead of two (forward and backward)."""
-    weight = torch.cat((write.weight, read.weight))
-    bias = torch.cat((write.bias, read.bias))
-    logits = torch.nn.functional.linear(h, weight, bias).float()
-    w, r = logits.split(write.out_features, dim=-1)
-    return torch.softmax(w, dim=-1).to(h.dtype), torch.softmax(r, dim=-1).to(h.dtype)
-
-
 @dataclass
 class MeshState(LoopState):
     """MeSH's loop state: the values written so far (h_prelude, then every core output) and
@@ -143,6 +136,7 @@ class MeshState(LoopState):
 
     written: list[Tensor] = field(default_factory=list)
     write_weights: list[Tensor] = field(default_factory=list)
+    z_losses: list[Tensor] = field(default_factory=list)  # per routing call, when z_coef > 0
 
 
 class MeSH(StatePassing):
@@ -172,24 +166,55 @@ class MeSH(StatePassing):
     formulation; tests hold the two equal.
     """
 
-    def __init__(self, loops: int, d_model: int, slots: int, init_std: float) -> None:
+    def __init__(
+        self, loops: int, d_model: int, slots: int, init_std: float, router: RouterOptions = DEFAULT_ROUTER
+    ) -> None:
         super().__init__()
+        self.loops = loops
         self.slots = slots
         self.init_std = init_std
+        self.router = router
         self.write_routers = nn.ModuleList(nn.Linear(d_model, slots) for _ in range(loops + 1))
         self.read_routers = nn.ModuleList(nn.Linear(d_model, slots) for _ in range(loops + 1))
         self.reset_parameters()
 
     def reset_parameters(self, init: SeededInit | None = None) -> None:
-        """Small random weights, zero bias: near-uniform routing at init."""
+        """Small random weights; zero bias (near-uniform routing at init), or with
+        ``init=own_slot`` a bias that puts ``own_weight`` on each router's own slot."""
         init = init or SeededInit.from_global_rng()
         for kind in ("write_routers", "read_routers"):
             for i, router in enumerate(getattr(self, kind)):
                 init.normal_(router.weight, self.init_std, f"scheme/{kind}.{i}.weight")
                 nn.init.zeros_(router.bias)
+                if self.router.init == "own_slot":
+                    with torch.no_grad():
+                        router.bias[own_slot(i, self.slots)] = own_slot_bias(self.router.own_weight, self.slots)
+
+    def routing(self, index: int, h_in: Tensor) -> Routing:
+        """Router ``index``'s write and read weights for the state ``h_in`` entering its step."""
+        return route(self.write_routers[index], self.read_routers[index], h_in, self.router)
+
+    def z_loss(self, state: LoopState) -> Tensor | None:
+        """The router z-loss of the pass (mean over routing calls), weighted by ``z_coef``; None
+        when it is off."""
+        if not self.router.z_coef or not isinstance(state, MeshState) or not state.z_losses:
+            return None
+        return self.router.z_coef * torch.stack(state.z_losses).mean()
+
+    def _routed(self, index: int, h_in: Tensor, state: MeshState) -> tuple[Tensor, Tensor]:
+        routing = self.routing(index, h_in)
+        if self.router.z_coef:
+            state.z_losses.append(routing.z_loss())
+        return routing.write, routing.read
+
+    def _final(self, index: int, value: Tensor, h: Tensor) -> Tensor:
+        """The read, plus the written core output on the last step under ``final_read=residual``."""
+        if index == self.loops and index > 0 and self.router.final_read == "residual":
+            return h + value
+        return h
 
     def _write_read(self, index: int, h_in: Tensor, value: Tensor, state: MeshState) -> Tensor:
-        write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
+        write, read = self._routed(index, h_in, state)
         state.written.append(value)
         state.write_weights.append(write)
         # coefficient of every written value in this read: r . w_s, shape (N, L, S)
@@ -197,7 +222,7 @@ class MeSH(StatePassing):
         h = state.h_emb * read[..., 0:1]
         for s, v in enumerate(state.written):
             h = h.addcmul(v, coefficients[..., s : s + 1])
-        return h
+        return self._final(index, value, h)
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> MeshState:
         state = MeshState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
@@ -219,10 +244,10 @@ class MeSH(StatePassing):
 
 
 @dataclass
-class ExplicitBufferState(LoopState):
+class ExplicitBufferState(MeshState):
     """The explicit form's loop state: the (B, N, L, D) buffer itself."""
 
-    buffer: Tensor
+    buffer: Tensor | None = None
 
 
 class MeSHExplicitBuffer(MeSH):
@@ -236,9 +261,9 @@ class MeSHExplicitBuffer(MeSH):
     def _write_read(  # type: ignore[override]
         self, index: int, h_in: Tensor, value: Tensor, state: ExplicitBufferState
     ) -> Tensor:
-        write, read = _routing(self.write_routers[index], self.read_routers[index], h_in)
+        write, read = self._routed(index, h_in, state)  # type: ignore[arg-type]
         state.buffer = state.buffer + write.movedim(-1, 0).unsqueeze(-1) * value
-        return (state.buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0)
+        return self._final(index, value, (state.buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0))
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> ExplicitBufferState:  # type: ignore[override]
         # the buffer starts as [h_emb, 0, ..., 0]
@@ -262,9 +287,16 @@ def check_mesh_buffer(mesh_buffer: str) -> None:
 
 
 def build_state_passing(
-    spec: SchemeSpec, loops: int, d_model: int, slots: int | None, init_std: float, mesh_buffer: str = "lean"
+    spec: SchemeSpec,
+    loops: int,
+    d_model: int,
+    slots: int | None,
+    init_std: float,
+    mesh_buffer: str = "lean",
+    router: RouterOptions = DEFAULT_ROUTER,
 ) -> StatePassing:
-    """The one place a scheme name becomes behaviour. ``mesh_buffer`` picks MeSH's form."""
+    """The one place a scheme name becomes behaviour. ``mesh_buffer`` picks MeSH's form,
+    ``router`` its routers' open choices (:mod:`mesh_model.mesh_router`)."""
     check_mesh_buffer(mesh_buffer)
     if spec.kind in ("base", "fixed"):
         return FixedSum(spec.coefficients)
@@ -274,7 +306,7 @@ def build_state_passing(
         return DynamicCombination(loops, d_model)
     if spec.kind == "mesh":
         assert slots is not None
-        return MESH_BUFFERS[mesh_buffer](loops, d_model, slots, init_std)
+        return MESH_BUFFERS[mesh_buffer](loops, d_model, slots, init_std, router)
     raise ConfigError("scheme", spec.kind, SCHEME_FORMS)
 
 

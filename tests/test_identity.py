@@ -4,6 +4,7 @@ change the computation; the results tables group runs with the same definition."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -138,3 +139,41 @@ def test_a_run_keeps_the_folder_an_earlier_naming_gave_it(tmp_path):
 
     new.mkdir()  # once the new folder exists, it is the run's
     assert plan_run(cfg).run_dir == new
+
+
+ONE_PASS = Path(__file__).resolve().parents[1] / "results" / "cpu-reproduction" / "one-pass"
+# What results/cpu-reproduction/one-pass/run.sh passed to every cell (lr_args from lr/lr.csv)
+ONE_PASS_ARGS = (
+    "model=tiny",
+    "data=docs",
+    "max_steps=2500",
+    "val_every=125",
+    "checkpoint_every=250",
+    "+optim.lr_by_scheme.anchor=0.008",
+    "+optim.lr_by_scheme.anchor_emb=0.008",
+    "+optim.lr_by_scheme.base=0.004",
+    "+optim.lr_by_scheme.mesh=0.004",
+    "+optim.lr_by_scheme.vanilla=0.004",
+    "optim.lr=0.004",
+)
+
+
+@pytest.mark.parametrize("grid", ["schemes", "k3", "skip_combos"])
+def test_every_committed_one_pass_run_keeps_its_hash(tmp_path, grid):
+    """Settings added after these runs (MeSH's router options, optim.router_lr_scale, the arm group)
+    leave them the same runs: the hash of each committed run, recomputed from its cell, is the one it
+    was logged with."""
+    runs = pd.read_csv(ONE_PASS / grid / "runs.csv")
+    assert len(runs) >= 18
+    for row in runs.itertuples():
+        layout = [] if row.scheme == "vanilla" else [f"layout={row.layout}"]
+        cell = plan(tmp_path, *ONE_PASS_ARGS, f"scheme={row.scheme}", *layout, f"seed={row.seed}")
+        assert cell.config_hash == row.config_hash, (row.scheme, row.seed)
+
+
+@pytest.mark.parametrize(("arm", "spelled_out"), [("mesh", ["scheme=mesh"]), ("anchor", ["scheme=anchor"])])
+def test_an_arm_is_the_run_its_keys_spell_out(tmp_path, arm, spelled_out):
+    assert plan(tmp_path, f"arm={arm}").config_hash == plan(tmp_path, *spelled_out).config_hash
+    own_slot = plan(tmp_path, "arm=mesh_own_slot")
+    by_hand = ["scheme=mesh", "+model_overrides.mesh_router_init=own_slot"]
+    assert own_slot.config_hash == plan(tmp_path, *by_hand).config_hash != plan(tmp_path, "arm=mesh").config_hash

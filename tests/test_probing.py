@@ -13,6 +13,7 @@ import mlflow
 import pytest
 import torch
 
+from experiments.checkpoints import load_model
 from experiments.config import ProbeConfig
 from experiments.data.config import as_data_config
 from experiments.data.datamodule import TokenDataModule
@@ -21,6 +22,7 @@ from experiments.plan import InputError
 from experiments.probing.callback import ProbeCallback, held_out_batches, probe_callbacks
 from experiments.probing.cli import main as probe_main
 from experiments.probing.files import load_report, report_from_dict, report_to_dict, write_probe_files
+from experiments.probing.state_routing import StateRoutingCallback, state_routing_metrics
 from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
 
@@ -128,6 +130,30 @@ def test_every_n_validations_probes_during_training(runs):
     assert folders == {"probes/final", "probes/step10"}
 
 
+def test_routing_probes_reach_mlflow_at_every_validation_and_match_the_final_weights(runs, data):
+    """The loop's coefficients and MeSH's router statistics, logged at steps 5 and 10 (the
+    validations; the last one is also the end), and equal to a recomputation from the final weights."""
+    base, mesh = runs["base"], runs["mesh"]
+    history = base.client.get_metric_history(base.run_id, "routing/coef/coda/f2/mean")
+    assert sorted((m.step, m.value) for m in history) == [(5, 1.0), (10, 1.0)]  # base's coda input is f_K
+    assert base.client.get_run(base.run_id).data.metrics["routing/coef/h1/f1/mean"] == 1.0
+    assert not any(k.startswith("routing/transition") for k in base.client.get_run(base.run_id).data.metrics)
+    assert {m.step for m in mesh.client.get_metric_history(mesh.run_id, "routing/loop2/read/entropy")} == {5, 10}
+    logged = {k: v for k, v in mesh.client.get_run(mesh.run_id).data.metrics.items() if k.startswith("routing/")}
+    for router in ("transition", "loop1", "loop2"):
+        for kind in ("write", "read"):
+            assert (
+                0 < logged[f"routing/{router}/{kind}/entropy"] <= 1 and logged[f"routing/{router}/{kind}/logit_std"] > 0
+            )
+            assert sum(logged[f"routing/{router}/{kind}/slot{b}"] for b in range(5)) == pytest.approx(1.0)
+    # the coda input's coefficients: h_emb, prelude, f1, f2, each a convex weight of a buffer read
+    assert all(0 < logged[f"routing/coef/coda/{s}/mean"] < 1 for s in ("h_emb", "prelude", "f1", "f2"))
+    model, step = load_model(mesh.run_dir / "checkpoints" / "last.ckpt")
+    assert step == 10
+    batches = held_out_batches(data, prepare(data), 2, data.seq_len)
+    assert state_routing_metrics(model, batches, data.seq_len) == pytest.approx(logged, rel=1e-4, abs=1e-6)
+
+
 def test_cli_reproduces_the_final_probe_and_logs_into_the_run(runs, tmp_path, capsys):
     run = runs["mesh"]
     out = tmp_path / "cli"
@@ -222,10 +248,11 @@ def test_callback_probes_on_rank_zero_only_restores_train_mode_and_survives_erro
 
 def test_probe_config_switch_and_bad_values(tmp_path, compose_run):
     assert probe_callbacks(ProbeConfig(enabled=False), tmp_path) == []
-    (callback,) = probe_callbacks(ProbeConfig(enabled=True, every_n_validations=3, num_batches=4), tmp_path)
+    callback, routing = probe_callbacks(ProbeConfig(enabled=True, every_n_validations=3, num_batches=4), tmp_path)
     assert (callback.every_n_validations, callback.num_batches, callback.config.seq_len) == (3, 4, None)
+    assert isinstance(routing, StateRoutingCallback) and routing.num_batches == 4
     assert [callback.config.resolved_seq_len(n) for n in (64, 512, 4096)] == [512, 512, 4096]
-    (callback,) = probe_callbacks(ProbeConfig(seq_len=96), tmp_path)
+    callback, _ = probe_callbacks(ProbeConfig(seq_len=96), tmp_path)
     assert callback.config.resolved_seq_len(64) == 96
     bad = {
         "probes.num_batches=0": r"^probes.num_batches=0 is invalid: must be >= 1$",

@@ -148,15 +148,15 @@ def test_mesh_buffer_starts_with_embedding_in_slot_zero_and_routers_see_the_ente
     model = mesh_model("1+2R2+1")
     mesh = model.state_passing
     seen = []
-    routing = schemes._routing
+    routing = schemes.route
 
-    def recording(write, read, h):
+    def recording(write, read, h, options):
         index = next(i for i, router in enumerate(mesh.write_routers) if router is write)
         assert read is mesh.read_routers[index]  # the write and read routers of the same step
         seen.append((index, h))
-        return routing(write, read, h)
+        return routing(write, read, h, options)
 
-    monkeypatch.setattr(schemes, "_routing", recording)
+    monkeypatch.setattr(schemes, "route", recording)
     out = model(ids, return_hidden_states=True)
     stages = out.hidden_states
     assert [index for index, _ in seen] == [0, 1, 2]

@@ -58,6 +58,20 @@ EXPECTED_GRIDS = {
     "nonshared": {"layout": ["1+2+2+1", "1+2R2+1"], "scheme": ["base", "mesh"]},
     "moe": {"scheme": ["vanilla", "base", "anchor", "mesh"]},  # at tiny-moe (tests/test_moe_training.py)
     "lr": {"scheme": ["vanilla", "base", "anchor_emb", "mesh"], "optim.lr": ["0.001", "0.002", "0.004", "0.008"]},
+    "mesh_open_choices": {
+        "arm": [
+            "mesh",
+            "mesh_own_slot",
+            "mesh_router_lr",
+            "mesh_rmsnorm",
+            "mesh_z_loss",
+            "mesh_residual_read",
+            "mesh_warmup",
+            "frozen_routing",
+            "base",
+            "anchor",
+        ]
+    },
 }
 # Optuna searches: their search space (a search also counts as tested here).
 EXPECTED_SEARCHES = {

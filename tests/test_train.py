@@ -19,7 +19,7 @@ from experiments.lit_module import parameter_groups
 from experiments.schedule import lr_multiplier, warmup_steps
 from experiments.tracking import flatten
 from experiments.train import train
-from mesh_model import ModelConfig, build_model, count_parameters
+from mesh_model import ConfigError, ModelConfig, build_model, count_parameters
 
 MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
 
@@ -70,6 +70,43 @@ def test_weight_decay_on_matrices_only():
     undecayed = {names[id(p)] for p in no_decay["params"]}
     assert "state_passing.coefficients" in undecayed and "final_layer_norm.weight" in undecayed
     assert "prelude.0.attention.dense.bias" in undecayed
+
+
+def test_router_lr_scale_puts_the_scheme_s_parameters_in_their_own_groups_on_the_same_schedule():
+    from experiments.config import OptimConfig
+    from experiments.lit_module import MeshLitModule
+
+    config = ModelConfig.from_preset("tiny", scheme="mesh")
+    module = MeshLitModule(config.to_dict(), OptimConfig(router_lr_scale=0.1), 4e-3, 100, ["val"])
+    setup = module.configure_optimizers()
+    optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    groups = [{names[id(p)] for p in g["params"]} for g in optimizer.param_groups]
+    routers = [g for g in groups if any(n.startswith("state_passing.") for n in g)]
+    assert len(optimizer.param_groups) == 4 and len(routers) == 2
+    assert all(all(n.startswith("state_passing.") for n in g) for g in routers)
+    assert {n for g in routers for n in g} == {n for n in names.values() if n.startswith("state_passing.")}
+    for _ in range(30):  # past the warmup: the schedule multiplies every group alike
+        optimizer.step()
+        schedule.step()
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    assert lrs[2] == pytest.approx(0.1 * lrs[0]) and lrs[3] == pytest.approx(0.1 * lrs[0]) and lrs[0] == lrs[1]
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0, 0.01, 0.0]
+    # at the default scale the groups are the two they always were
+    assert len(parameter_groups(module.model, 0.01)) == 2
+    with pytest.raises(ConfigError, match=r"^optim.router_lr_scale=0 is invalid"):
+        OptimConfig(router_lr_scale=0).validate()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("betas", [0.9, 1.5]), ("weight_decay", -1), ("warmup_fraction", 7), ("warmup_steps", 0), ("min_lr_ratio", 2)],
+)
+def test_every_optimizer_setting_is_checked(field, value):
+    from experiments.config import OptimConfig
+
+    with pytest.raises(ConfigError, match=rf"^optim.{field}="):
+        OptimConfig(**{field: value}).validate()
 
 
 # --- training into MLflow -------------------------------------------------------------------

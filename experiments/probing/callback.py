@@ -38,6 +38,7 @@ from experiments.data.datamodule import TokenWindows
 from experiments.data.prepare import PreparedData
 from experiments.probing.files import PROBE_DIR, probe_metrics, write_probe_files
 from experiments.probing.routing import routing_report
+from experiments.probing.state_routing import StateRoutingCallback
 from mesh_model.probes import probe_report
 
 
@@ -151,8 +152,9 @@ def _set_tag(trainer: pl.Trainer, key: str, value: str) -> None:
             logger.experiment.set_tag(run_id, key, value)
 
 
-def probe_callbacks(probes: ProbeConfig, run_dir: str | Path) -> list[ProbeCallback]:
-    """The callbacks for a run's ``probes`` config: one ProbeCallback, or none when disabled."""
+def probe_callbacks(probes: ProbeConfig, run_dir: str | Path) -> list[pl.Callback]:
+    """The callbacks for a run's ``probes`` config: a ProbeCallback and the loop's routing probe
+    at every validation (:mod:`experiments.probing.state_routing`), or none when disabled."""
     if not probes.enabled:
         return []
     return [
@@ -161,7 +163,8 @@ def probe_callbacks(probes: ProbeConfig, run_dir: str | Path) -> list[ProbeCallb
             every_n_validations=probes.every_n_validations,
             num_batches=probes.num_batches,
             seq_len=probes.seq_len,
-        )
+        ),
+        StateRoutingCallback(num_batches=probes.num_batches),
     ]
 
 

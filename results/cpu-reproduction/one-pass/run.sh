@@ -16,6 +16,8 @@
 #            (stages of 3, cap 12): the primary claims MeSH < base, < anchor, < anchor*, base > vanilla
 #   k3       base and MeSH at the three-loop 1+1R3+1, seeds=auto
 #   skip     the skip combinations at tiny not in the schemes grid, 3 seeds (reported with the schemes)
+#   screen   MeSH's open choices, stage A (sweeps/conf/sweep/mesh_open_choices.yaml: arms, seeds 12-14
+#            and the decision rule, declared before it ran), with base and anchor
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
 OUT=results/cpu-reproduction/one-pass
@@ -74,6 +76,10 @@ for stage in "${STAGES[@]}"; do
       sweep skip_combos scheme=residual+anchor,residual+anchor+anchor_emb,anchor+anchor_emb,static,dynamic \
         seeds=3 "${FULL[@]}" $(lr_args) tracking.experiment=onepass_skip_combos
       ;;
+    screen)
+      # shellcheck disable=SC2046
+      sweep mesh_open_choices "seeds=[12,13,14]" "${FULL[@]}" $(lr_args) tracking.experiment=onepass_open_choices
+      ;;
     plan)
       # shellcheck disable=SC2046
       .venv/bin/mesh-sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh "${FULL[@]}" $(lr_args) \
@@ -84,9 +90,10 @@ for stage in "${STAGES[@]}"; do
       report schemes onepass_schemes
       report k3 onepass_k3
       report skip_combos onepass_schemes,onepass_skip_combos
+      [ -d "$RUNS" ] && report open_choices onepass_open_choices
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, schemes, k3, skip, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, schemes, k3, skip, screen, plan or report" >&2
       exit 2
       ;;
   esac
