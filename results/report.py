@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from results import collect, curves, plots, publish, render, tables
+from results import collect, curves, plots, publish, render, routing, tables
 from results.aggregate import Results, aggregate
 from results.claims import Evaluation
 from results.claims_md import summary_table, write_claims
@@ -41,6 +41,7 @@ class Output:
     figures: dict[str, list[Path]] = field(default_factory=dict)
     runs_csv: Path | None = None
     curves_csv: Path | None = None  # every validation step of every run (results/curves.py)
+    routing_csv: Path | None = None  # the routing curves of every looped run (results/routing.py)
     claims: Path | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
     published: list[str] = field(default_factory=list)  # the sweep parent runs that now carry the report
@@ -64,6 +65,7 @@ class Output:
             figures={k: [move(p) for p in paths] for k, paths in self.figures.items()},
             runs_csv=self.runs_csv and move(self.runs_csv),
             curves_csv=self.curves_csv and move(self.curves_csv),
+            routing_csv=self.routing_csv and move(self.routing_csv),
             claims=self.claims and move(self.claims),
         )
 
@@ -137,6 +139,10 @@ def _write(
     output.curves_csv = out / curves.FILE
     history.to_csv(output.curves_csv, index=False)
     output.claims, output.evaluations = write_claims(results, out, name, experiments, curves=history)
+    steered = routing.read_routing(client, results)
+    if not steered.empty:
+        output.routing_csv = out / routing.FILE
+        steered.to_csv(output.routing_csv, index=False)
 
     figures = out / FIGURES
     finished = [run_id for row in results.rows for run_id in row.run_ids]
@@ -151,6 +157,8 @@ def _write(
     output.tables += [p for p in lr_files if p.suffix == ".csv"]
     if lr_files:
         output.figures["lr_sensitivity"] = [p for p in lr_files if p.suffix != ".csv"]
+    for key, paths in routing.plot_routing(results, steered, figures).items():
+        output.figures[f"routing/{key}"] = paths
     reports = collect.probe_reports(client, _rows_with_probes(results))
     probe_figures = plots.plot_probes(results, reports, figures / "probes")
     for block, paths in probe_figures.items():
@@ -499,6 +507,10 @@ def render_report(
             if "cka_linear" in paths:
                 png = next(p for p in paths["cka_linear"] if p.suffix == ".png")
                 lines.append(f"Linear CKA: [{png.name}]({_rel(png, out)})")
+    routed = {k.removeprefix("routing/"): v for k, v in output.figures.items() if k.startswith("routing/")}
+    lines += routing.routing_section(
+        routed, output.routing_csv, lambda paths, alt: _image(paths, out, alt), lambda p: _rel(p, out)
+    )
     lines += ["", *_methods(results, experiments, tracking_uri, filter_string, [main, probes])]
     if probes is not None:
         lines += [
@@ -507,6 +519,7 @@ def render_report(
             "",
             render.to_markdown(probes, heading="###", notes=False).rstrip(),
         ]
+    lines += routing.appendix(results)
     return "\n".join(lines).rstrip() + "\n"
 
 

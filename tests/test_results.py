@@ -687,6 +687,31 @@ def test_real_sweep_tables_match_mlflow(trained):
     assert "core balance" in (out / "probes.md").read_text()
 
 
+@pytest.mark.slow
+def test_the_routing_section_reads_every_validation_of_every_looped_run(trained):
+    runs, out = trained
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    frame = pd.read_csv(out / "routing.csv")
+    assert set(frame.scheme) == {"base", "mesh"} and sorted(frame.step.unique()) == [3, 6]
+    base = frame[(frame.scheme == "base") & (frame.metric == "routing/coef/coda/f2/mean")]
+    assert len(base) == 4 and (base.value == 1.0).all()  # 2 seeds x 2 validations, base's coda input is f_K
+    mesh = frame[frame.scheme == "mesh"]
+    assert {"routing/transition/read/entropy", "routing/loop2/read/entropy", "routing/coef/coda/h_emb/mean"} <= set(
+        mesh.metric
+    )
+    for run_id, group in mesh[mesh.metric == "routing/loop2/read/entropy"].groupby("run_id"):
+        logged = client.get_metric_history(run_id, "routing/loop2/read/entropy")
+        assert sorted((m.step, m.value) for m in logged) == sorted(zip(group.step, group.value, strict=True))
+    _assert_image(out / "figures" / "routing_coefficients.png")
+    (row_figure,) = (out / "figures").glob("routing_mesh*.png")
+    _assert_image(row_figure)
+    report = (out / "report.md").read_text()
+    assert "## Routing" in report and "## Appendix: the routing table" in report
+    appendix = report.split("## Appendix: the routing table")[1]
+    base_line = next(line for line in appendix.splitlines() if line.startswith("| base"))
+    assert "| 1.000 ± 0.000 |" in base_line  # f2 in base's coda input, every seed
+
+
 # ---------------------------------------------------------------- mixture of experts
 
 # (preset, scheme, layout, PPL per seed); the MoE rows log their active parameters and routing.
