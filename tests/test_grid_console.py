@@ -90,7 +90,7 @@ def test_the_key_metrics_view_lists_runs_flat_by_val_loss_and_puts_validation_se
     view = key_metrics_view(["shakespeare", "kjv", "shakespeare"])
     assert (view["orderByKey"], view["orderByAsc"]) == ("metrics.`val_loss`", True)
     names = [s["name"] for s in view["compareRunSections"]]
-    assert names == ["val/shakespeare", "val/kjv", "train", "Speed", "Model metrics"]
+    assert names == ["val/shakespeare", "val/kjv", "train", "routing", "Speed", "Model metrics"]
     assert view["isAccordionReordered"] is True and "groupBy" not in view
     assert view["selectedColumns"][:4] == [
         "metrics.`val/shakespeare/ppl`",

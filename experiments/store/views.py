@@ -28,6 +28,7 @@ GROUPED_VIEW = "mesh-grouped"
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
 MODEL_METRICS_SECTION = "Model metrics"  # the UI's chart section of the metrics without a "/"
 SPEED_SECTION = "Speed"
+ROUTING_SECTION = "routing"  # how the loop passes state (experiments/probing/state_routing.py)
 SPEED_METRICS = ("train/tokens_per_s", "time/steps_per_s")
 # Metrics that say how a run or a grid was set up, not how runs compare: no chart in the views.
 # cells_<status>: a sweep's parent run, one per status of sweeps/cells.py STATUSES.
@@ -57,7 +58,7 @@ def key_metrics_view(val_sets: Sequence[str]) -> dict[str, Any]:
     date stops MLflow nesting cells under the sweep's collapsed parent; the parent itself is left
     out, :data:`TRAINING_RUNS_FILTER`), best validation loss first, the validation perplexities,
     losses and the run's coordinates as columns, all runs in the charts (each in its scheme's
-    colour, :data:`RUN_COLOR_TAG`), the chart sections of validation, training and speed first,
+    colour, :data:`RUN_COLOR_TAG`), the chart sections of validation, training, routing and speed first,
     and no charts of :data:`BOOKKEEPING_METRICS`.
 
     MLflow's UI (3.17) orders chart sections alphabetically, which puts the ``probe/...``
@@ -67,7 +68,7 @@ def key_metrics_view(val_sets: Sequence[str]) -> dict[str, Any]:
     UI's own view state and search facets; the UI fills in every field left out with its default
     (tests/test_results.py reads the views back from a real store)."""
     sets = list(dict.fromkeys(val_sets))
-    names = [*(f"val/{s}" for s in sets), "train", SPEED_SECTION, MODEL_METRICS_SECTION]
+    names = [*(f"val/{s}" for s in sets), "train", ROUTING_SECTION, SPEED_SECTION, MODEL_METRICS_SECTION]
     sections = {name: f"mesh-section-{i}" for i, name in enumerate(names)}
     columns = [f"metrics.`val/{s}/ppl`" for s in sets] + ["metrics.`val_loss`", "metrics.`train/loss`"]
     columns += [f"tags.`{tag}`" for tag in ("scheme", "layout", "buffer_slots", "seed")]
