@@ -57,21 +57,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("results") / label
     start = time.perf_counter()
     quiet_libraries()
-    from experiments.store.views import KEY_METRICS_VIEW, runs_list_url
+    from experiments.store.views import runs_list_url
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
     try:
         from results.publish import ARTIFACT_DIR
         from results.report import build_report
+        from results.terminal_summary import summary_lines
 
         uri = tracking_uri_for(args.tracking_uri, args.runs_dir)
         output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper)
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    table = output.out_dir / "table.md"
-    if table.exists():
-        print(table.read_text().rstrip())
+    summary = summary_lines(output.results, output.evaluations)
+    if summary:
+        print("\n".join(summary).rstrip())
+        print(f"(every metric and test: {output.out_dir.resolve() / 'table.md'})")
         print()
     runs = output.results.runs
     finished = int((runs["status"] == "FINISHED").sum())
@@ -89,8 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     for name, experiment_id in output.experiment_ids.items():
         print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id, output.view)}")
-    if output.experiment_ids and output.view:
-        print(f"[mesh-results] (seeds grouped; every run in one list: viewStateShareKey={KEY_METRICS_VIEW})")
     return 0
 
 

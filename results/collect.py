@@ -173,20 +173,35 @@ def grouping_params(frame: pd.DataFrame) -> list[str]:
     dicts = [p for p in finished["params"] if isinstance(p, dict)]
     if not dicts or len(dicts) < len(finished):
         return []
-    common = set.intersection(*(set(p) for p in dicts))
+    every = set().union(*(set(p) for p in dicts))
     keys = []
-    for key in sorted(common):
+    for key in sorted(every):
         if key in AXIS_PARAMS or not distinguishes_rows(key):  # experiments.identity: one definition
             continue
-        if len({p[key] for p in dicts}) > 1:
+        values = [_param(p, key) for p in dicts]
+        if None not in values and len(set(values)) > 1:
             keys.append(key)
     return keys
+
+
+def _param(params: dict[str, str], key: str) -> str | None:
+    """``params[key]``; "" (unset) where a mapping above the key was logged empty (a run with
+    ``model_overrides={}`` beside one with ``model_overrides.mesh_router_init=own_slot``: flatten
+    logs an empty mapping as one ``{}`` param); None where the run did not log it."""
+    if key in params:
+        return params[key]
+    parts = key.split(".")
+    if any(params.get(".".join(parts[:i])) == "{}" for i in range(1, len(parts))):
+        return ""
+    return None
 
 
 def overrides_label(params: dict[str, str] | Any, keys: Sequence[str]) -> str:
     if not isinstance(params, dict):
         return ""
-    return " ".join(f"{k}={params.get(k, '')}" for k in keys)
+    """``key=value`` of each key the run set (a key it left unset, such as the control's override of
+    an arm, says nothing)."""
+    return " ".join(f"{k}={params[k]}" for k in keys if params.get(k, "") != "")
 
 
 def metric_histories(client: Any, run_ids: Iterable[str], key: str = "train/loss") -> pd.DataFrame:

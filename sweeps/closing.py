@@ -34,16 +34,19 @@ class GridEnd:
     total: int  # cells (or trials) in the grid
 
 
-def finish(end: GridEnd, outcomes: Sequence[CellOutcome], table: str, interrupted: bool, out: TextIO) -> None:
-    """The end of a grid or search, also after Ctrl-C: :func:`conclude`, then the table and what
-    to run next on ``out``."""
+def finish(
+    end: GridEnd, outcomes: Sequence[CellOutcome], table: str, interrupted: bool, out: TextIO, say_next: bool = True
+) -> None:
+    """The end of a grid or search, also after Ctrl-C: :func:`conclude`, then the table and (unless
+    the caller says its own, as the main job does) what to run next on ``out``."""
     conclude(end, outcomes, table, interrupted)
     print(f"\n{table}\n", file=out)
     plan = end.plan
-    for line in next_steps(
-        plan.experiment, end.parent.experiment_id, plan.tracking_uri, plan.runs_dir, end.parent.view
-    ):
-        print(line, file=out)
+    if say_next:
+        for line in next_steps(
+            plan.experiment, end.parent.experiment_id, plan.tracking_uri, plan.runs_dir, end.parent.view
+        ):
+            print(line, file=out)
     out.flush()
 
 

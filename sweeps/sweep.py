@@ -80,6 +80,7 @@ def run_sweep(
     only: Callable[[Cell], bool] | None = None,
     yes: bool = False,
     stdin: TextIO | None = None,
+    say_next: bool = True,
 ) -> int:
     """Run the grid ``name``; 0 when every cell finished, 1 when one failed or was stopped (or a
     big grid was not confirmed), 130 on Ctrl-C. ``detach``: submit the cells to the batch scheduler
@@ -88,7 +89,8 @@ def run_sweep(
     answer ``y`` on ``stdin`` (default: sys.stdin) when it is a terminal (sweeps/estimate.py).
     ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``).
     ``only``: the cells to run (a sub-grid, with its own key and parent run: a stage of ``seeds=auto``).
-    ``seeds=auto`` goes to the stage driver of the results layer (:func:`results_driver`)."""
+    ``seeds=auto`` goes to the stage driver of the results layer (:func:`results_driver`).
+    ``say_next=False``: no "results:" and "MLflow:" lines at the end (a caller that prints its own)."""
     if "seeds=auto" in arguments:
         if detach:  # each stage's verdicts decide the next: the driver must wait for every stage
             raise SweepError("--detach does not go with seeds=auto: each stage is decided before the next is submitted")
@@ -174,7 +176,7 @@ def run_sweep(
             raise
         ordered = [outcomes.get(c.index) or CellOutcome.not_started(c) for c in cells]
         table = summary_table(name, ordered)
-        finish(GridEnd(parent, plans[0], sweep_dir, len(cells)), ordered, table, interrupted, out)
+        finish(GridEnd(parent, plans[0], sweep_dir, len(cells)), ordered, table, interrupted, out, say_next)
         return exit_code(ordered, interrupted)
 
 

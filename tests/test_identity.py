@@ -20,7 +20,7 @@ from experiments.identity import (
 )
 from experiments.plan import plan_run
 from experiments.train import train
-from results.collect import grouping_params
+from results.collect import grouping_params, overrides_label
 
 
 def plan(tmp_path, *overrides):
@@ -83,6 +83,21 @@ def test_the_hash_and_the_table_rows_share_one_definition():
         }
     )
     assert grouping_params(frame) == ["optim.lr"]
+
+
+def test_an_override_beside_an_empty_mapping_makes_its_own_row():
+    """MeSH's control logs ``model_overrides={}`` (flatten logs an empty mapping as one param); an
+    arm logs ``model_overrides.mesh_router_init=own_slot``: two rows, not one of six seeds. A key
+    that some runs did not log at all (an older run) still does not split rows."""
+    control = [{"seed": str(s), "model_overrides": "{}", "optim.lr": "0.004"} for s in (12, 13)]
+    arm = [
+        {"seed": str(s), "model_overrides.mesh_router_init": "own_slot", "optim.lr": "0.004", "optim.new": "1"}
+        for s in (12, 13)
+    ]
+    frame = pd.DataFrame({"status": ["FINISHED"] * 4, "params": control + arm})
+    assert grouping_params(frame) == ["model_overrides.mesh_router_init"]
+    label = overrides_label({**control[0], "model_overrides.mesh_router_init": ""}, grouping_params(frame))
+    assert label == ""  # the control's row is MeSH's own label
 
 
 # --- what a run is called: MLflow name, params, folder -------------------------------------------

@@ -93,8 +93,18 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert "### The paper's claims" in note and claims_summary in note
     listed = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/table.md", "report/claims.md", "report/figures"} <= listed
-    # What the console shows: the table, where the report is, how to open the store.
-    assert markdown.strip() in printed
+    # What the console shows: first the regime and what the one-pass reproduction found later, then
+    # the ranking in plain text (no Markdown), where the report is and how to open the store.
+    first = printed.splitlines()[:3]
+    assert first[0].startswith("mesh-demo: the schemes grid (vanilla, base, residual, anchor, anchor_emb, mesh)")
+    assert first[1].startswith("Regime: 6 schemes x 2 seeds (n < 3: every test is fragile), 4 steps each")
+    assert "one peak LR for every scheme" in first[1] and "In the one-pass reproduction" in first[2]
+    ranking = printed.split("tiny, compute depth 6: validation PPL (shakespeare), lower is better\n\n", 1)[1]
+    ranked = [line.split()[1] for line in ranking.splitlines()[1:7]]
+    means = {s: statistics.fmean(v) for s, v in logged.items()}
+    assert ranked == sorted(means, key=means.__getitem__)
+    assert "`" not in ranking.split("\n\n")[0] and "**" not in printed and "<u>" not in printed
+    assert printed.count("MLflow:") == 1
     assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed
     page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=mesh-grouped"
     assert (
