@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from results.aggregate import Results, Row, decimals_for, is_accuracy
-from results.claims import FRAGILE_N, ClaimSet, Evaluation, Line, evaluate, load_claims
+from results.claims import EQUIVALENT, FRAGILE_N, RULED_OUT, ClaimSet, Evaluation, Line, evaluate, load_claims
 from results.render import code_span, markdown_escape
 from results.stats import METHOD, diff_text, format_p
 
@@ -131,7 +131,8 @@ def _pairwise(evaluations: list[Evaluation]) -> list[str]:
     for e in evaluations:
         row = code_span(e.row.label) if e.row else "—"
         row_stat = _stat(e.row, e.metric) if e.row else ""
-        verdict = e.verdict_text + (f" ({_reason(e)})" if e.reason else "")
+        shown = e.reason and e.verdict not in (EQUIVALENT, RULED_OUT)  # verdict_text already says it
+        verdict = e.verdict_text + (f" ({_reason(e)})" if shown else "")
         if e.lines:
             x = e.lines[0]
             numbers = [code_span(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
@@ -229,15 +230,20 @@ def render_claims(
         "Benjamini-Hochberg (false discovery rate α). Raw and adjusted p are shown; holds and contradicted "
         "use the adjusted p.",
         f"* **Verdicts**: **holds**: adjusted p < {alpha}, the paper's direction; **contradicted**: adjusted "
-        f"p < {alpha}, against it; **equivalent**: the 90% CI of Δ lies inside ±margin (TOST, two one-sided "
-        f"tests at α = {alpha}; margin per claim, by default the paper's effect, or ±1% PPL); **inconclusive**: "
-        "neither; the line says which way the mean leans (*leans the paper's way* / *leans against*), which "
-        "is not evidence; **not tested**: a row is missing, has fewer than two seeds, or there is no spread.",
-        "* **Power**: MDE (80%) is the smallest |Δ| the two-sided t-test at α detects with 80% power at this n "
-        "(noncentral t; paired: SD of the per-seed differences; Welch: the equal-n two-sample approximation "
-        "with the pooled SD); *seeds for paper Δ* is the n per row the paper's effect would need at 80% power "
-        "given the observed SD. An inconclusive line whose MDE is above the paper's effect could not have "
-        "detected it.",
+        f"p < {alpha}, against it; **equivalent**: the 1 - 2·level CI of Δ lies inside ±margin (TOST, two "
+        "one-sided tests at the level the family uses for one test: α / m in the primary family of m, α in the "
+        "secondary; the margin is declared per claim, or ±1% PPL for a PPL claim without a paper effect, and "
+        "the line states it); **paper's effect ruled out**: not significant, but the one-sided 1 - level bound "
+        "of Δ on the paper's side excludes the paper's effect (the line gives the bound and the effect; the "
+        "paper's effect, not every effect in its direction, is excluded); **inconclusive**: none of these; "
+        "the line says which way the mean leans (*leans the paper's way* / *leans against*), which is not "
+        "evidence; **not tested**: a row is missing, has fewer than two seeds, or there is no spread.",
+        "* **Power**: MDE (80%) is the smallest |Δ| the two-sided t-test detects with 80% power at this n, at "
+        "the level the verdict uses (α / m in the primary family, α in the secondary; noncentral t; paired: SD "
+        "of the per-seed differences; Welch: the equal-n two-sample approximation with the pooled SD); *seeds "
+        "for paper Δ* is the n per row the paper's effect would need at 80% power at that level, given the "
+        "observed SD (`mesh-sweep GRID --plan` gives the same number). An inconclusive line whose MDE is above "
+        "the paper's effect could not have detected it.",
         "* **Best-of claims** (the claimed row against every other row selected): hold only if every pairwise "
         "comparison goes the paper's way and the largest p (intersection-union test), adjusted across the "
         "family, is below α; contradicted if a row with a better mean is significant after Holm's correction "
