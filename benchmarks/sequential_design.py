@@ -91,7 +91,10 @@ def main() -> None:
     print(f"\n# family-wise error under the null (alpha 0.05, MC SE {se:.4f}), {args.paths} paths")
     print("| covariance | with futility | without futility |")
     print("|---|---|---|")
-    for name, cov in (("shared arm, SD 0.05", shared_arm_cov(4, 0.05)), (f"{RUNS_CSV.parent.name} runs.csv", runs_csv_cov())):
+    for name, cov in (
+        ("shared arm, SD 0.05", shared_arm_cov(4, 0.05)),
+        (f"{RUNS_CSV.parent.name} runs.csv", runs_csv_cov()),
+    ):
         print(f"| {name} | {fwer(cov, args.paths, True):.4f} | {fwer(cov, args.paths, False):.4f} |")
 
 

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from scipy.stats import t as student_t
 
 from mesh_model import ConfigError, SchemeSpec
 from mesh_model.schemes import SCHEME_FORMS
 from results.aggregate import Results, Row
 from results.collect import ResultsError
 from results.paper import canonical_scheme, default_slots, slots_value
-from scipy.stats import t as student_t
-
 from results.stats import (
     ALPHA,
     Comparison,
@@ -566,9 +565,7 @@ def decide(evaluations: list[Evaluation], alpha: float = ALPHA) -> None:
             continue
         e.lines = [_at_level(e.claim, x, e.level) for x in e.lines]
         if e.claim.kind == "pairwise":
-            e.verdict, e.lean, e.reason = pairwise_verdict(
-                e.lines[0].comparison, e.claim, alpha, e.p_adjusted, e.level
-            )
+            e.verdict, e.lean, e.reason = pairwise_verdict(e.lines[0].comparison, e.claim, alpha, e.p_adjusted, e.level)
         else:
             others = [x.other for x in e.lines]
             missing = _missing(e.claim, others)

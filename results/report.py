@@ -211,10 +211,11 @@ def _over_training(results: Results, output: Output) -> list[str]:
     intro = (
         f"Every validation step of every run is in {csv} (tokens = step × tokens per step). Curves: the mean "
         "over a row's seeds with its 95% t interval (band, where n ≥ 2), log y. Δ: claimed row − other in "
-        "validation loss with its 95% CI; where along training each claim's verdict held is "
-        f'in {claims}, "Over training".'
+        "validation loss with its 95% CI, at the same tokens for every row. Descriptive: the CIs are "
+        "unadjusted across the steps and no verdict is drawn from them; where along training each CI lay is "
+        f'in {claims}, "Over training (descriptive)".'
     )
-    return ["", "## Over training", "", intro, "", *lines[:-1]]
+    return ["", "## Over training (descriptive)", "", intro, "", *lines[:-1]]
 
 
 def _rows_with_probes(results: Results) -> list[list[str]]:

@@ -14,10 +14,10 @@ from results.aggregate import Row, aggregate
 from results.claims import (
     CONTRADICTED,
     EQUIVALENT,
-    RULED_OUT,
     HOLDS,
     INCONCLUSIVE,
     NOT_TESTED,
+    RULED_OUT,
     VERDICTS,
     Claim,
     ClaimsError,
