@@ -330,6 +330,7 @@ class Evaluation:
     level: float = ALPHA  # the per-test level the verdict uses: alpha / m in the primary family, else alpha
     fixed_verdict: str = ""  # under a sequential design: the fixed-n verdict, shown as a secondary view
     role: str = ""  # "confirmatory" | "replication" where a reproduction declares its confirmatory family
+    sequential: Any = None  # results.sequential_verdicts.Verdict: the design's decision, when it made this verdict
 
     @property
     def family(self) -> str:
@@ -344,7 +345,10 @@ class Evaluation:
     def verdict_text(self) -> str:
         """``inconclusive, leans the paper's way (n=2, fragile)``; ``paper's effect ruled out (one-sided
         98.75% bound -0.0141 vs paper -0.036)``; ``equivalent (TOST at 0.0125, ±0.01)``."""
-        text = self.verdict + (f", {self.lean}" if self.lean else "")
+        prefix = "replication: " if self.role == "replication" else ""
+        if self.sequential is not None:
+            return prefix + self.sequential.text
+        text = prefix + self.verdict + (f", {self.lean}" if self.lean else "")
         if self.verdict in (RULED_OUT, EQUIVALENT) and self.reason:
             text += f" ({self.reason})"
         if self.reason.startswith("not slight"):

@@ -53,7 +53,9 @@ CALIBRATION_SEED = 20_260_101
 # of a primary claim's paired differences in the committed tiny grids (results/cpu-reproduction/*/runs.csv,
 # paired on common seeds: 0.0515, MeSH vs anchor in one-pass/schemes on 6 common seeds; tests/test_sequential.py checks it).
 PRIOR_SD = 0.055
-PRIOR_SD_SOURCE = "prior SD 0.055 (at least the largest in the committed tiny grids, 0.0515: MeSH vs anchor, one-pass schemes)"
+PRIOR_SD_SOURCE = (
+    "prior SD 0.055 (at least the largest in the committed tiny grids, 0.0515: MeSH vs anchor, one-pass schemes)"
+)
 
 REJECT, CONTINUE, FUTILE, INCONCLUSIVE = "reject", "continue", "futile", "inconclusive"
 
