@@ -18,6 +18,7 @@ from typing import Any
 from results.aggregate import Results, Row, decimals_for, is_accuracy
 from results.claims import EQUIVALENT, FRAGILE_N, RULED_OUT, ClaimSet, Evaluation, Line, evaluate, load_claims
 from results.render import code_span, markdown_escape
+from results.sequential_verdicts import LOG, DesignRecord, apply_design, apply_roles, design_lines, read_design
 from results.stats import METHOD, diff_text, format_p
 
 FILE = "claims.md"
@@ -133,6 +134,13 @@ def _pairwise(evaluations: list[Evaluation]) -> list[str]:
         row_stat = _stat(e.row, e.metric) if e.row else ""
         shown = e.reason and e.verdict not in (EQUIVALENT, RULED_OUT)  # verdict_text already says it
         verdict = e.verdict_text + (f" ({_reason(e)})" if shown else "")
+        if e.sequential is not None:
+            v = e.sequential
+            t = f"{v.statistic:+.2f}" if v.statistic is not None else "—"
+            verdict = (
+                f"**{e.verdict_text}** (the design's decision: t {t} vs bound ±{v.bound:.2f}); "
+                f"fixed-n view, secondary: {e.fixed_verdict.replace('|', chr(92) + '|')}"
+            )
         if e.lines:
             x = e.lines[0]
             numbers = [code_span(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
@@ -201,6 +209,24 @@ def _fragile_banner(evaluations: Sequence[Evaluation]) -> list[str]:
     ]
 
 
+def family_lines(declared: dict | None, folder_name: str) -> list[str]:
+    """The confirmatory family, declared once for the reproduction (confirmatory.yaml), as it applies here."""
+    if not declared:
+        return []
+    listed = ", ".join(code_span(c) for c in declared["claims"])
+    if declared["report"] == folder_name:
+        return [
+            f"* **Confirmatory family**: this report is the confirmatory test of {listed} (declared once in "
+            f"`{declared['path'].name}` of the reproduction); the other reports "
+            f"({', '.join(declared['replications']) or 'none'}) show these claims as replications."
+        ]
+    return [
+        f"* **Replication, not the confirmatory test**: {listed} are tested confirmatorily in "
+        f"`../{declared['report']}/claims.md` (declared once in `{declared['path'].name}` of the reproduction); "
+        "here their lines are marked *replication* and are descriptive: they add no claim to that family."
+    ]
+
+
 def render_claims(
     evaluations: Sequence[Evaluation],
     claims: ClaimSet,
@@ -208,6 +234,9 @@ def render_claims(
     name: str,
     experiments: Sequence[str] = (),
     source: str = "",
+    design: DesignRecord | None = None,
+    declared: dict | None = None,
+    folder_name: str = "",
 ) -> str:
     """The text of ``claims.md`` (``source``: the runs.csv it was rebuilt from, if not the store)."""
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -254,6 +283,8 @@ def render_claims(
         "* Rows are compared only within a block (same preset and compute depth) and with the same other "
         "settings. A claim is evaluated for every block, claimed row and validation set where its rows are "
         "present: one line each.",
+        *(design_lines(design, f"[`{LOG}`]({LOG}) beside this file") if design else []),
+        *family_lines(declared, folder_name),
         *_fragile_banner(evaluations),
         "",
         "## Summary",
@@ -284,13 +315,23 @@ def write_claims(
     claims: ClaimSet | None = None,
     curves: Any = None,
     source: str = "",
+    design: DesignRecord | None = None,
+    folder: str | Path | None = None,
 ) -> tuple[Path, list[Evaluation]]:
     """Evaluate ``claims`` (the packaged file unless given) on ``results`` and write ``claims.md``;
-    with ``curves`` (:func:`results.curves.read_curves`), an "Over training" section after it."""
+    with ``curves`` (:func:`results.curves.read_curves`), an "Over training" section after it.
+    ``folder`` is where the report lives (default ``out_dir``): its ``seeds_auto.log`` (or ``design``)
+    makes the sequential design's decisions the primary verdicts, and the ``confirmatory.yaml`` of
+    its parent marks its role."""
     claims = claims or load_claims()
     evaluations = evaluate(results, claims)
     path = Path(out_dir) / FILE
-    text = render_claims(evaluations, claims, results, name, experiments, source)
+    folder = Path(folder or out_dir)
+    design = design if design is not None else read_design(folder / LOG)
+    if design is not None:
+        apply_design(evaluations, design)
+    declared = apply_roles(evaluations, folder)
+    text = render_claims(evaluations, claims, results, name, experiments, source, design, declared, folder.name)
     if curves is not None:  # where along training each verdict held
         from results.curves import over_training_lines
 
