@@ -238,7 +238,7 @@ def apply_roles(evaluations: Sequence[Evaluation], folder: str | Path) -> dict[s
         return None
     role = CONFIRMATORY_ROLE if Path(folder).name == declared["report"] else REPLICATION_ROLE
     for e in evaluations:
-        if e.claim.id in declared["claims"] and not e.supplementary:
+        if e.claim.id in declared["claims"] and not e.supplementary and e.lines:
             e.role = role
     return declared
 
