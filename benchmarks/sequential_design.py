@@ -19,31 +19,14 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import t as student_t
 
-from results.sequential import Design, decide_paths, family_paths, null_grids, running_t, shared_arm_cov
+from results.sequential import Design, decide_paths, family_paths, null_grids, shared_arm_cov
 
 PAPER_EFFECT = -0.036
 EFFECTS = (-0.036, -0.07, -0.09, -0.15)
 SDS = (0.03, 0.05)
 RUNS_CSV = Path(__file__).resolve().parents[1] / "results/cpu-reproduction/one-pass/schemes/runs.csv"
 CLAIMS = (("mesh", "base"), ("mesh", "anchor"), ("mesh", "anchor_emb"), ("base", "vanilla"))
-
-
-def old_rule_paths(design: Design, diffs: np.ndarray, effect: float) -> np.ndarray:
-    """The pre-issue-37 decision: futile when the two-sided interval excludes ``effect`` on either side."""
-    statistics, means, sds = running_t(diffs, design.looks)
-    bounds = np.asarray(design.boundaries)
-    outcome = np.zeros(diffs.shape[0], dtype=int)
-    open_ = np.ones(diffs.shape[0], dtype=bool)
-    for k, n in enumerate(design.looks):
-        crossed = open_ & (np.abs(statistics[:, k]) > bounds[k])
-        outcome[crossed] = np.sign(statistics[crossed, k]).astype(int)
-        open_ &= ~crossed
-        if k < len(design.looks) - 1:
-            half = student_t.ppf(1.0 - design.share / 2.0, n - 1) * sds[:, k] / math.sqrt(n)
-            open_ &= (means[:, k] - half <= effect) & (effect <= means[:, k] + half)
-    return outcome
 
 
 def power_table(paths: int, seed: int = 1) -> list[tuple[float, float, float, float]]:
@@ -54,7 +37,7 @@ def power_table(paths: int, seed: int = 1) -> list[tuple[float, float, float, fl
         for effect in EFFECTS:
             diffs = np.random.default_rng(seed).normal(effect, sd, size=(paths, design.n_max))
             new = float(np.mean(decide_paths(design, diffs, PAPER_EFFECT) == -1))
-            old = float(np.mean(old_rule_paths(design, diffs, PAPER_EFFECT) == -1))
+            old = float(np.mean(decide_paths(design, diffs, PAPER_EFFECT, two_sided_futility=True) == -1))
             rows.append((sd, effect, new, old))
     return rows
 

@@ -194,8 +194,12 @@ def _boundaries(looks: tuple[int, ...], share: float, spending: str) -> tuple[fl
     return tuple(bounds)
 
 
-def decide_paths(design: Design, diffs: np.ndarray, effect: float | None = None) -> np.ndarray:
-    """Each path's outcome (paths x n_max differences): +1 / -1 rejected with that sign, 0 not."""
+def decide_paths(
+    design: Design, diffs: np.ndarray, effect: float | None = None, two_sided_futility: bool = False
+) -> np.ndarray:
+    """Each path's outcome (paths x n_max differences): +1 / -1 rejected with that sign, 0 not.
+    ``two_sided_futility``: the rule before issue 37 (futile when the two-sided 1 - share interval
+    excludes the effect on either side), kept only for benchmarks/sequential_design.py to compare."""
     statistics, means, sds = running_t(diffs, design.looks)
     bounds = np.asarray(design.boundaries)
     outcome = np.zeros(diffs.shape[0], dtype=int)
@@ -205,8 +209,12 @@ def decide_paths(design: Design, diffs: np.ndarray, effect: float | None = None)
         outcome[crossed] = np.sign(statistics[crossed, k]).astype(int)
         open_ &= ~crossed
         if design.futility and effect and k < len(design.looks) - 1:
-            half = student_t.ppf(1.0 - design.share, n - 1) * sds[:, k] / math.sqrt(n)
-            futile = (means[:, k] - half > effect) if effect < 0 else (means[:, k] + half < effect)
+            if two_sided_futility:
+                half = student_t.ppf(1.0 - design.share / 2.0, n - 1) * sds[:, k] / math.sqrt(n)
+                futile = (means[:, k] - half > effect) | (means[:, k] + half < effect)
+            else:
+                half = student_t.ppf(1.0 - design.share, n - 1) * sds[:, k] / math.sqrt(n)
+                futile = (means[:, k] - half > effect) if effect < 0 else (means[:, k] + half < effect)
             open_ &= ~futile
     return outcome
 
