@@ -218,14 +218,20 @@ def _over_training(results: Results, output: Output) -> list[str]:
         return []
     csv = f"[{output.curves_csv.name}]({_rel(output.curves_csv, out)})" if output.curves_csv else "curves.csv"
     claims = f"[{output.claims.name}]({_rel(output.claims, out)})" if output.claims else "claims.md"
-    intro = (
+    return ["", OVER_TRAINING, "", _over_training_intro(csv, claims), "", *lines[:-1]]
+
+
+OVER_TRAINING = "## Over training (descriptive)"
+
+
+def _over_training_intro(csv: str, claims: str) -> str:
+    return (
         f"Every validation step of every run is in {csv} (tokens = step × tokens per step). Curves: the mean "
         "over a row's seeds with its 95% t interval (band, where n ≥ 2), log y. Δ: claimed row − other in "
         "validation loss with its 95% CI, at the same tokens for every row. Descriptive: the CIs are "
         "unadjusted across the steps and no verdict is drawn from them; where along training each CI lay is "
         f'in {claims}, "Over training (descriptive)".'
     )
-    return ["", "## Over training (descriptive)", "", intro, "", *lines[:-1]]
 
 
 def _rows_with_probes(results: Results) -> list[list[str]]:
@@ -573,6 +579,13 @@ def refresh_report(output: Output, results: Results) -> bool:
         text,
         count=1,
     )
+    lines = text.split("\n")
+    for i, line in enumerate(lines):  # the over-training section: descriptive, as claims.md's
+        if line in ("## Over training", OVER_TRAINING):
+            lines[i] = OVER_TRAINING
+        elif line.startswith("Every validation step of every run is in [curves.csv](curves.csv)"):
+            lines[i] = _over_training_intro("[curves.csv](curves.csv)", "[claims.md](claims.md)")
+    text = "\n".join(lines)
     ranked = ranking(results, output.evaluations)
     text = _replace_section(text, "## Ranking", ["## Ranking", "", *ranked] if ranked else [])
     text = _replace_section(text, "## The paper's claims", claims_section(output, output.out_dir)[1:])
