@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+from scipy.stats import t as student_t
 
 from mesh_model import ConfigError, SchemeSpec
 from mesh_model.schemes import SCHEME_FORMS
@@ -40,7 +41,8 @@ EQUIVALENT = "equivalent"
 INCONCLUSIVE = "inconclusive"
 CONTRADICTED = "contradicted"
 NOT_TESTED = "not tested"
-VERDICTS = (HOLDS, EQUIVALENT, INCONCLUSIVE, CONTRADICTED, NOT_TESTED)
+RULED_OUT = "paper's effect ruled out"
+VERDICTS = (HOLDS, EQUIVALENT, RULED_OUT, INCONCLUSIVE, CONTRADICTED, NOT_TESTED)
 LEANS_WITH = "leans the paper's way"
 LEANS_AGAINST = "leans against"
 KINDS = ("pairwise", "best_of")
@@ -128,12 +130,19 @@ class Claim:
 
     @property
     def equivalence_margin(self) -> float | None:
-        """The declared margin, else |paper effect|, else ±1% PPL for ppl claims (None for others)."""
+        """The declared margin, else ±1% PPL for ppl claims without a paper effect (None for others:
+        a claim with a paper effect and no margin is asked whether that effect is ruled out instead,
+        since "equivalent" within the paper's own effect would only say that)."""
         if self.margin is not None:
             return self.margin
-        if self.paper_effect is not None:
-            return abs(self.paper_effect)
-        return DEFAULT_PPL_MARGIN if self.log_scale else None
+        return DEFAULT_PPL_MARGIN if self.log_scale and self.paper_effect is None else None
+
+    @property
+    def slight_margin(self) -> float | None:
+        """``within_margin`` claims: the declared margin, else |paper effect|."""
+        if self.margin is not None:
+            return self.margin
+        return abs(self.paper_effect) if self.paper_effect is not None else None
 
 
 @dataclass(frozen=True)
@@ -318,6 +327,10 @@ class Evaluation:
     p: float | None = None  # the p that enters the error-rate family (best_of: see _best_of_p)
     p_adjusted: float | None = None  # Holm across the primary family, BH across the secondary
     lean: str = ""  # inconclusive: which way the mean leans
+    level: float = ALPHA  # the per-test level the verdict uses: alpha / m in the primary family, else alpha
+    fixed_verdict: str = ""  # under a sequential design: the fixed-n verdict, shown as a secondary view
+    role: str = ""  # "confirmatory" | "replication" where a reproduction declares its confirmatory family
+    sequential: Any = None  # results.sequential_verdicts.Verdict: the design's decision, when it made this verdict
 
     @property
     def family(self) -> str:
@@ -330,8 +343,14 @@ class Evaluation:
 
     @property
     def verdict_text(self) -> str:
-        """``inconclusive, leans the paper's way (n=2, fragile)``."""
-        text = self.verdict + (f", {self.lean}" if self.lean else "")
+        """``inconclusive, leans the paper's way (n=2, fragile)``; ``paper's effect ruled out (one-sided
+        98.75% bound -0.0141 vs paper -0.036)``; ``equivalent (TOST at 0.0125, ±0.01)``."""
+        prefix = "replication: " if self.role == "replication" else ""
+        if self.sequential is not None:
+            return prefix + self.sequential.text
+        text = prefix + self.verdict + (f", {self.lean}" if self.lean else "")
+        if self.verdict in (RULED_OUT, EQUIVALENT) and self.reason:
+            text += f" ({self.reason})"
         if self.reason.startswith("not slight"):
             text += " (not slight)"
         if self.fragile:
@@ -348,16 +367,42 @@ def _lean(comparison: Comparison, expect: str) -> str:
     return LEANS_WITH if _agrees(comparison, expect) else LEANS_AGAINST
 
 
+def one_sided_bound(comparison: Comparison, effect: float, level: float) -> float | None:
+    """The one-sided 1 - level confidence bound of Δ on the side of the paper's ``effect`` (the
+    lower bound when the paper's effect is negative)."""
+    if comparison.se is None or comparison.df is None:
+        return None
+    half = float(student_t.ppf(1.0 - level, comparison.df)) * comparison.se
+    return comparison.diff - half if effect < 0 else comparison.diff + half
+
+
+def ruled_out(comparison: Comparison, effect: float | None, level: float) -> str:
+    """The reason text when the one-sided 1 - level bound excludes the paper's ``effect``, else ""."""
+    if not effect:
+        return ""
+    bound = one_sided_bound(comparison, effect, level)
+    if bound is None or not (bound > effect if effect < 0 else bound < effect):
+        return ""
+    return f"one-sided {100 * (1 - level):.4g}% bound {bound:+.4f} vs paper {effect:+.3f}"
+
+
 def pairwise_verdict(
-    comparison: Comparison, claim: Claim, alpha: float = ALPHA, p_adjusted: float | None = None
+    comparison: Comparison,
+    claim: Claim,
+    alpha: float = ALPHA,
+    p_adjusted: float | None = None,
+    level: float | None = None,
 ) -> tuple[str, str, str]:
     """(verdict, lean, reason) of one two-sided test read in the claim's direction; ``p_adjusted``
-    (default the raw p) decides significance, TOST at alpha decides equivalence."""
+    (default the raw p) below ``alpha`` decides significance; equivalence (TOST) and "the paper's
+    effect ruled out" (one-sided bound) are tested at ``level`` (default alpha), the level the
+    family uses for one test."""
     if comparison.p is None:
         return NOT_TESTED, "", comparison.reason
+    level = alpha if level is None else level
     p = comparison.p if p_adjusted is None else p_adjusted
     agrees = _agrees(comparison, claim.expect)
-    margin = claim.equivalence_margin
+    margin = claim.slight_margin if claim.within_margin else claim.equivalence_margin
     if p < alpha and not agrees:
         return CONTRADICTED, "", ""
     if p < alpha and claim.within_margin and margin is not None:
@@ -369,8 +414,11 @@ def pairwise_verdict(
         return INCONCLUSIVE, LEANS_WITH, f"significant, but the 95% CI reaches past the ±{margin:g} margin"
     if p < alpha:
         return HOLDS, "", ""
-    if margin is not None and equivalent(comparison, margin, alpha):
-        return EQUIVALENT, "", f"90% CI inside ±{margin:g}"
+    if margin is not None and equivalent(comparison, margin, level):
+        return EQUIVALENT, "", f"TOST at {level:.4g}: the {100 * (1 - 2 * level):.4g}% CI inside ±{margin:g}"
+    excluded = ruled_out(comparison, claim.paper_effect, level)
+    if excluded:
+        return RULED_OUT, "", excluded
     return INCONCLUSIVE, _lean(comparison, claim.expect), ""
 
 
@@ -450,6 +498,17 @@ def compare_rows(row: Row, other: Row, metric: str, log_scale: bool) -> Comparis
     return compare(ours.sample, theirs.sample)
 
 
+def _at_level(claim: Claim, line: Line, level: float) -> Line:
+    """The line with its MDE and seeds-needed at ``level``, the level its verdict uses."""
+    comparison, mde, needed = line.comparison, None, None
+    if comparison.tested and comparison.sd and comparison.sd > 0:
+        n = min(comparison.n_a, comparison.n_b)
+        mde = min_detectable(comparison.sd, n, level, paired=comparison.paired)
+        if claim.paper_effect:
+            needed = seeds_needed(claim.paper_effect, comparison.sd, level, paired=comparison.paired)
+    return replace(line, mde=mde, seeds_needed=needed)
+
+
 def _line(claim: Claim, other: Row, comparison: Comparison, alpha: float, p_holm: float | None = None) -> Line:
     mde = needed = None
     if comparison.tested and comparison.sd and comparison.sd > 0:
@@ -504,11 +563,13 @@ def decide(evaluations: list[Evaluation], alpha: float = ALPHA) -> None:
         members = [e for e in evaluations if e.family == family and e.p is not None]
         for evaluation, p in zip(members, adjust([e.p for e in members]), strict=True):
             evaluation.p_adjusted = p
+            evaluation.level = alpha / len(members) if family == "primary" else alpha
     for e in evaluations:
         if not e.lines:
             continue
+        e.lines = [_at_level(e.claim, x, e.level) for x in e.lines]
         if e.claim.kind == "pairwise":
-            e.verdict, e.lean, e.reason = pairwise_verdict(e.lines[0].comparison, e.claim, alpha, e.p_adjusted)
+            e.verdict, e.lean, e.reason = pairwise_verdict(e.lines[0].comparison, e.claim, alpha, e.p_adjusted, e.level)
         else:
             others = [x.other for x in e.lines]
             missing = _missing(e.claim, others)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from results.aggregate import Results, Row, decimals_for, is_accuracy
-from results.claims import FRAGILE_N, ClaimSet, Evaluation, Line, evaluate, load_claims
+from results.claims import EQUIVALENT, FRAGILE_N, RULED_OUT, ClaimSet, Evaluation, Line, evaluate, load_claims
 from results.render import code_span, markdown_escape
+from results.sequential_verdicts import LOG, DesignRecord, apply_design, apply_roles, design_lines, read_design
 from results.stats import METHOD, diff_text, format_p
 
 FILE = "claims.md"
@@ -131,7 +132,15 @@ def _pairwise(evaluations: list[Evaluation]) -> list[str]:
     for e in evaluations:
         row = code_span(e.row.label) if e.row else "—"
         row_stat = _stat(e.row, e.metric) if e.row else ""
-        verdict = e.verdict_text + (f" ({_reason(e)})" if e.reason else "")
+        shown = e.reason and e.verdict not in (EQUIVALENT, RULED_OUT)  # verdict_text already says it
+        verdict = e.verdict_text + (f" ({_reason(e)})" if shown else "")
+        if e.sequential is not None:
+            v = e.sequential
+            t = f"{v.statistic:+.2f}" if v.statistic is not None else "—"
+            verdict = (
+                f"**{e.verdict_text}** (the design's decision: t {t} vs bound ±{v.bound:.2f}); "
+                f"fixed-n view, secondary: {e.fixed_verdict.replace('|', chr(92) + '|')}"
+            )
         if e.lines:
             x = e.lines[0]
             numbers = [code_span(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
@@ -200,6 +209,24 @@ def _fragile_banner(evaluations: Sequence[Evaluation]) -> list[str]:
     ]
 
 
+def family_lines(declared: dict | None, folder_name: str) -> list[str]:
+    """The confirmatory family, declared once for the reproduction (confirmatory.yaml), as it applies here."""
+    if not declared:
+        return []
+    listed = ", ".join(code_span(c) for c in declared["claims"])
+    if declared["report"] == folder_name:
+        return [
+            f"* **Confirmatory family**: this report is the confirmatory test of {listed} (declared once in "
+            f"`{declared['path'].name}` of the reproduction); the other reports "
+            f"({', '.join(declared['replications']) or 'none'}) show these claims as replications."
+        ]
+    return [
+        f"* **Replication, not the confirmatory test**: {listed} are tested confirmatorily in "
+        f"`../{declared['report']}/claims.md` (declared once in `{declared['path'].name}` of the reproduction); "
+        "here their lines are marked *replication* and are descriptive: they add no claim to that family."
+    ]
+
+
 def render_claims(
     evaluations: Sequence[Evaluation],
     claims: ClaimSet,
@@ -207,6 +234,9 @@ def render_claims(
     name: str,
     experiments: Sequence[str] = (),
     source: str = "",
+    design: DesignRecord | None = None,
+    declared: dict | None = None,
+    folder_name: str = "",
 ) -> str:
     """The text of ``claims.md`` (``source``: the runs.csv it was rebuilt from, if not the store)."""
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -229,15 +259,20 @@ def render_claims(
         "Benjamini-Hochberg (false discovery rate α). Raw and adjusted p are shown; holds and contradicted "
         "use the adjusted p.",
         f"* **Verdicts**: **holds**: adjusted p < {alpha}, the paper's direction; **contradicted**: adjusted "
-        f"p < {alpha}, against it; **equivalent**: the 90% CI of Δ lies inside ±margin (TOST, two one-sided "
-        f"tests at α = {alpha}; margin per claim, by default the paper's effect, or ±1% PPL); **inconclusive**: "
-        "neither; the line says which way the mean leans (*leans the paper's way* / *leans against*), which "
-        "is not evidence; **not tested**: a row is missing, has fewer than two seeds, or there is no spread.",
-        "* **Power**: MDE (80%) is the smallest |Δ| the two-sided t-test at α detects with 80% power at this n "
-        "(noncentral t; paired: SD of the per-seed differences; Welch: the equal-n two-sample approximation "
-        "with the pooled SD); *seeds for paper Δ* is the n per row the paper's effect would need at 80% power "
-        "given the observed SD. An inconclusive line whose MDE is above the paper's effect could not have "
-        "detected it.",
+        f"p < {alpha}, against it; **equivalent**: the 1 - 2·level CI of Δ lies inside ±margin (TOST, two "
+        "one-sided tests at the level the family uses for one test: α / m in the primary family of m, α in the "
+        "secondary; the margin is declared per claim, or ±1% PPL for a PPL claim without a paper effect, and "
+        "the line states it); **paper's effect ruled out**: not significant, but the one-sided 1 - level bound "
+        "of Δ on the paper's side excludes the paper's effect (the line gives the bound and the effect; the "
+        "paper's effect, not every effect in its direction, is excluded); **inconclusive**: none of these; "
+        "the line says which way the mean leans (*leans the paper's way* / *leans against*), which is not "
+        "evidence; **not tested**: a row is missing, has fewer than two seeds, or there is no spread.",
+        "* **Power**: MDE (80%) is the smallest |Δ| the two-sided t-test detects with 80% power at this n, at "
+        "the level the verdict uses (α / m in the primary family, α in the secondary; noncentral t; paired: SD "
+        "of the per-seed differences; Welch: the equal-n two-sample approximation with the pooled SD); *seeds "
+        "for paper Δ* is the n per row the paper's effect would need at 80% power at that level, given the "
+        "observed SD (`mesh-sweep GRID --plan` gives the same number). An inconclusive line whose MDE is above "
+        "the paper's effect could not have detected it.",
         "* **Best-of claims** (the claimed row against every other row selected): hold only if every pairwise "
         "comparison goes the paper's way and the largest p (intersection-union test), adjusted across the "
         "family, is below α; contradicted if a row with a better mean is significant after Holm's correction "
@@ -248,6 +283,8 @@ def render_claims(
         "* Rows are compared only within a block (same preset and compute depth) and with the same other "
         "settings. A claim is evaluated for every block, claimed row and validation set where its rows are "
         "present: one line each.",
+        *(design_lines(design, f"[`{LOG}`]({LOG}) beside this file") if design else []),
+        *family_lines(declared, folder_name),
         *_fragile_banner(evaluations),
         "",
         "## Summary",
@@ -278,13 +315,23 @@ def write_claims(
     claims: ClaimSet | None = None,
     curves: Any = None,
     source: str = "",
+    design: DesignRecord | None = None,
+    folder: str | Path | None = None,
 ) -> tuple[Path, list[Evaluation]]:
     """Evaluate ``claims`` (the packaged file unless given) on ``results`` and write ``claims.md``;
-    with ``curves`` (:func:`results.curves.read_curves`), an "Over training" section after it."""
+    with ``curves`` (:func:`results.curves.read_curves`), an "Over training" section after it.
+    ``folder`` is where the report lives (default ``out_dir``): its ``seeds_auto.log`` (or ``design``)
+    makes the sequential design's decisions the primary verdicts, and the ``confirmatory.yaml`` of
+    its parent marks its role."""
     claims = claims or load_claims()
     evaluations = evaluate(results, claims)
     path = Path(out_dir) / FILE
-    text = render_claims(evaluations, claims, results, name, experiments, source)
+    folder = Path(folder or out_dir)
+    design = design if design is not None else read_design(folder / LOG)
+    if design is not None:
+        apply_design(evaluations, design)
+    declared = apply_roles(evaluations, folder)
+    text = render_claims(evaluations, claims, results, name, experiments, source, design, declared, folder.name)
     if curves is not None:  # where along training each verdict held
         from results.curves import over_training_lines
 

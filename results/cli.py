@@ -4,7 +4,7 @@
     mesh-results schemes,skip_combos --out /tmp/ablations  # several experiments in one report
     mesh-results --filter "tags.preset = 'tiny'"           # any runs, selected by tags
     mesh-results loops --tracking-uri http://host:5000 --metric val/cpython/loss
-    mesh-results --from-csv results/cpu-reproduction/all/runs.csv     # claims.md again, no store
+    mesh-results --from-csv results/cpu-reproduction/all/runs.csv     # claims.md again (report.md refreshed), no store
 
 NAME is an MLflow experiment (a sweep's name), or several comma-separated. Writes
 ``report.md``, ``table.{md,tex,csv}``, ``probes.{md,tex,csv}`` (when runs were probed),
@@ -44,8 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--from-csv",
         default=None,
         metavar="RUNS_CSV",
-        help="rebuild claims.md from a report's committed runs.csv, without the MLflow store (into --out, "
-        "default the CSV's folder)",
+        help="rebuild claims.md from a report's committed runs.csv (with the curves.csv and seeds_auto.log beside "
+        "it), without the MLflow store, and refresh the ranking, claims and design of the report.md there (into "
+        "--out, default the CSV's folder)",
     )
     args = parser.parse_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
     experiments = [n.strip() for n in args.name.split(",") if n.strip()]

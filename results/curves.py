@@ -87,11 +87,14 @@ def row_bands(curves: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def common_steps(curves: pd.DataFrame) -> list[int]:
-    """The validation steps every run of ``curves`` logged (step 0 left out: before training)."""
+    """The validation steps every run of ``curves`` logged at the same tokens seen (step 0 left out:
+    before training; a step where the runs' tokens differ is left out too, so rows are compared at the
+    same tokens)."""
     if curves.empty:
         return []
     per_run = [set(g["step"]) for _, g in curves.groupby("run_id")]
-    return sorted(s for s in set.intersection(*per_run) if s > 0)
+    spread = curves.dropna(subset=["tokens"]).groupby("step")["tokens"].nunique()
+    return sorted(s for s in set.intersection(*per_run) if s > 0 and spread.get(s, 1) <= 1)
 
 
 def results_at_step(results: Results, curves: pd.DataFrame, step: int) -> Results:
@@ -118,9 +121,24 @@ def _key(evaluation: Evaluation) -> tuple[str, str, str, str]:
     return evaluation.claim.id, evaluation.block, evaluation.metric, row
 
 
+BELOW, ABOVE, COVERS = "95% CI of Δ below 0", "95% CI of Δ above 0", "95% CI of Δ covers 0"
+
+
+def describe(evaluation: Evaluation) -> str:
+    """What one step's comparison shows, in words that draw no verdict: where its 95% CI lies."""
+    if not evaluation.lines or not evaluation.lines[0].comparison.tested:
+        return NOT_TESTED
+    if evaluation.claim.kind != "pairwise":  # best of: whether the claimed row has the best mean there
+        ahead = all((x.comparison.diff < 0) == (evaluation.claim.expect == "lower") for x in evaluation.lines)
+        return "the claimed row's mean the best" if ahead else "another row's mean better"
+    c = evaluation.lines[0].comparison
+    return BELOW if c.ci_high < 0 else ABOVE if c.ci_low > 0 else COVERS
+
+
 @dataclass(frozen=True)
 class Trajectory:
-    """One final evaluation's verdict at each validation step (``tokens`` NaN when not logged)."""
+    """One final evaluation's description at each validation step (``tokens`` NaN when not logged):
+    descriptive, the same runs looked at every step without adjustment, so no verdict."""
 
     evaluation: Evaluation
     steps: tuple[int, ...]
@@ -149,7 +167,7 @@ def claims_over_training(
             key = _key(evaluation)
             matches, k = by_key.get(key, []), seen.get(key, 0)
             seen[key] = k + 1
-            verdicts[i].append(matches[k].verdict if k < len(matches) else NOT_TESTED)
+            verdicts[i].append(describe(matches[k]) if k < len(matches) else NOT_TESTED)
     return [
         Trajectory(e, tuple(steps), tuple(float(tokens.get(s, math.nan)) for s in steps), tuple(verdicts[i]))
         for i, e in enumerate(final)
@@ -277,13 +295,14 @@ def over_training_lines(
     ]
     steps = trajectories[0].steps if trajectories else ()
     lines = [
-        "## Over training",
+        "## Over training (descriptive)",
         "",
-        "Each evaluation above repeated at every validation step that all runs logged "
-        f"({len(steps)} step{'s' if len(steps) != 1 else ''}; the values of that step in place of the final "
-        "ones, the same test and rules); consecutive steps with the same verdict are one span. "
-        "Listed: the evaluations of validation metrics that have rows to compare. The curves are in `curves.csv` "
-        "beside this file.",
+        "Descriptive, not a test: each comparison above looked at again at every validation step that all "
+        f"runs logged at the same tokens ({len(steps)} step{'s' if len(steps) != 1 else ''}; the values of that "
+        "step in place of the final ones), saying only where the unadjusted 95% CI of Δ lies (below 0, above "
+        "0, or covering 0). The same runs are looked at many times with no correction across the steps, so no "
+        "verdict is drawn from these spans; the verdicts are the ones above, at the end of training. "
+        "Consecutive steps alike are one span. The curves are in `curves.csv` beside this file.",
         "",
     ]
     if not steps or not trajectories:

@@ -1,4 +1,7 @@
-"""Rebuild ``claims.md`` from a committed ``runs.csv`` when the MLflow store is not at hand.
+"""Rebuild ``claims.md`` from a committed ``runs.csv`` when the MLflow store is not at hand (with its
+"Over training" section from the ``curves.csv`` beside it, the sequential design's decisions from
+the ``seeds_auto.log`` in the folder), and refresh the ranking, the claims and the design in the
+``report.md`` there (its tables and figures stay as they were).
 
 ``runs.csv`` (written by every report) holds each run's tags and final metrics but not its params;
 :func:`read_runs_csv` reads it back into the frame :func:`results.collect.collect_runs` gives
@@ -20,7 +23,9 @@ from results.aggregate import Results, aggregate
 from results.claims import Evaluation
 from results.claims_md import FILE, write_claims
 from results.collect import RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
+from results.curves import FILE as FILE_CURVES
 from results.paper import load_paper_numbers
+from results.sequential_verdicts import LOG, read_confirmatory, read_design
 
 TEXT_COLUMNS = ("run_id", "run_name", "experiment", "status", *TAG_COLUMNS)
 DERIVED = ("main_set", "val_ppl", "row", "duplicate_of")  # aggregate() and add_main_set() recompute them
@@ -88,8 +93,25 @@ def rebuild_claims(
     except ValueError as error:
         raise ResultsError(str(error)) from None
     out.mkdir(parents=True, exist_ok=True)
-    path, evaluations = write_claims(results, out, name or previous_name, experiments, source=Path(csv).name)
+    history = read_curves_csv(Path(csv).parent / FILE_CURVES)
+    path, evaluations = write_claims(
+        results, out, name or previous_name, experiments, curves=history, source=Path(csv).name, folder=out
+    )
+    from results.report import REPORT, Output, refresh_report  # matplotlib: only when a report is refreshed
+
+    output = Output(out, out / REPORT, results, claims=path, evaluations=evaluations)
+    output.design, output.declared = read_design(out / LOG), read_confirmatory(out)
+    refresh_report(output, results)
     return path, evaluations, results
+
+
+def read_curves_csv(path: Path) -> pd.DataFrame | None:
+    """A report's ``curves.csv`` (every validation step of every run), or None when there is none."""
+    if not path.is_file():
+        return None
+    frame = pd.read_csv(path, dtype={"run_id": str, "row": str, "scheme": str, "seed": str, "block": str})
+    frame["seed"] = [_integer_text(v) for v in frame["seed"]]
+    return frame
 
 
 __all__ = ["read_runs_csv", "rebuild_claims"]

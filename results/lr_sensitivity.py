@@ -7,11 +7,18 @@ best LR (``optim.lr_by_scheme``) rather than at one LR that may suit some scheme
 
 The best LR is the one with the lowest mean over seeds. Its lead over the next LR is reported in %
 of PPL, a description rather than a test (the LRs were chosen, not sampled); a best LR at the edge
-of the values tried is flagged, since the optimum may lie beyond it.
+of the values tried is flagged, since the optimum may lie beyond it. Whether the best and the
+runner-up are **within noise** is said per variant: the runner-up minus the best in log PPL, paired
+on their common seeds where they share at least 3 (else Welch; results/stats.py), is within noise
+when it is at most ``NOISE_SES`` (2) standard errors of that difference over seeds. It is a
+description of seed noise, not a test (with the 2 seeds of an LR sweep the SE itself is rough): a
+variant whose two best LRs are within noise has no settled best LR, and the choice between them
+may change a comparison made at either.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +29,9 @@ import pandas as pd
 from experiments.probing.figures import figure, save_figure
 from mesh_model.probe_names import scheme_color
 from results.aggregate import Results, Row
+from results.stats import Comparison, compare
+
+NOISE_SES = 2.0  # the best LR and the runner-up are within noise when their gap is at most this many SEs
 
 LR_PARAM = "peak_lr"  # the LR a run trained at, logged whatever set it (optim.lr, the preset, lr_by_scheme)
 # What a row's label says of its LR: optim.lr=..., or an entry of optim.lr_by_scheme (logged flat).
@@ -57,10 +67,50 @@ class LrCurve:
         return len(self.points) > 2 and self.best.lr in (self.points[0].lr, self.points[-1].lr)
 
     @property
+    def runner_up(self) -> LrPoint | None:
+        """The LR with the second-lowest mean (None with one LR)."""
+        ranked = sorted(self.points, key=lambda p: p.row.stats[self.metric].mean)
+        return ranked[1] if len(ranked) > 1 else None
+
+    @property
+    def gap(self) -> Comparison | None:
+        """Runner-up minus best in log PPL over seeds (paired on common seeds where possible)."""
+        other = self.runner_up
+        if other is None:
+            return None
+        return compare(_log(other.row.stats[self.metric].sample), _log(self.best.row.stats[self.metric].sample))
+
+    @property
+    def within_noise(self) -> bool | None:
+        """The gap is at most ``NOISE_SES`` SEs; None when there is no SE (a side with one seed)."""
+        gap = self.gap
+        if gap is None or gap.se is None:
+            return None
+        return abs(gap.diff) <= NOISE_SES * gap.se
+
+    @property
+    def noise_text(self) -> str:
+        """``8e-3: +1.6% (2 SE 5.0%), within noise``."""
+        gap, other = self.gap, self.runner_up
+        if gap is None or other is None:
+            return "—"
+        head = f"{_lr_text(other.lr)}: +{100 * math.expm1(gap.diff):.1f}%"
+        if gap.se is None:
+            return head + " (no SE: fewer than 2 seeds)"
+        verdict = "within noise" if self.within_noise else "beyond noise"
+        return head + f" (2 SE {100 * math.expm1(NOISE_SES * gap.se):.1f}%, {gap.test}), {verdict}"
+
+    @property
     def lead_pct(self) -> float | None:
         """How much lower (in % of PPL) the best LR's mean is than the next best's."""
         means = sorted(p.row.stats[self.metric].mean for p in self.points)
         return None if len(means) < 2 else 100.0 * (means[1] / means[0] - 1.0)
+
+
+def _log(sample: Any) -> Any:
+    if isinstance(sample, dict):
+        return {k: math.log(v) for k, v in sample.items()}
+    return [math.log(v) for v in sample]
 
 
 def run_lr(results: Results, row: Row) -> float | None:
@@ -105,6 +155,8 @@ def lr_frame(curves: list[LrCurve]) -> pd.DataFrame:
     records = []
     for curve in curves:
         best = curve.best.lr
+        noise = curve.within_noise
+        runner = curve.runner_up
         for point in curve.points:
             mean, std, n = point.ppl(curve.metric)
             records.append(
@@ -117,6 +169,9 @@ def lr_frame(curves: list[LrCurve]) -> pd.DataFrame:
                     f"{curve.metric}_std": std,
                     "n": n,
                     "best": point.lr == best,
+                    # on the best LR's line: the runner-up and whether the two are within noise
+                    "runner_up_lr": runner.lr if point.lr == best and runner else None,
+                    "within_noise": noise if point.lr == best else None,
                 }
             )
     return pd.DataFrame.from_records(records)
@@ -138,10 +193,13 @@ def lr_markdown(curves: list[LrCurve], metric_label: str) -> list[str]:
         "",
         f"{metric_label} at each peak LR (mean ± sd over seeds, n); **bold**: the variant's best LR, the one "
         "its comparison with the others should use. The lead is how much lower the best mean is than the next "
-        "LR's, a description, not a test.",
+        "LR's, a description, not a test. *Runner-up*: the second-best LR, how much higher its PPL is (the "
+        f"runner-up minus the best in log PPL over seeds, paired on common seeds) and {NOISE_SES:g} standard "
+        "errors of that gap; *within noise* when the gap is at most that: the best LR is then not settled "
+        "by these seeds.",
         "",
-        "| variant | " + " | ".join(_lr_text(lr) for lr in lrs) + " | best LR | lead |",
-        "|---|" + "---:|" * (len(lrs) + 2),
+        "| variant | " + " | ".join(_lr_text(lr) for lr in lrs) + " | best LR | lead | runner-up |",
+        "|---|" + "---:|" * (len(lrs) + 2) + "---|",
     ]
     for curve in curves:
         cells = []
@@ -157,13 +215,20 @@ def lr_markdown(curves: list[LrCurve], metric_label: str) -> list[str]:
         lead = curve.lead_pct
         best = _lr_text(curve.best.lr) + (" (edge of the range tried)" if curve.at_edge else "")
         lead_text = "—" if lead is None else f"{lead:.1f}%"
-        lines.append(f"| {curve.variant} | " + " | ".join(cells) + f" | {best} | {lead_text} |")
+        lines.append(f"| {curve.variant} | " + " | ".join(cells) + f" | {best} | {lead_text} | {curve.noise_text} |")
     edge = [c.variant for c in curves if c.at_edge]
     if edge:
         lines += [
             "",
             f"Best at the edge of the LRs tried: {', '.join(edge)}; the optimum may lie beyond, so widen the range "
             "before reading their comparison as settled.",
+        ]
+    noisy = [c.variant for c in curves if c.within_noise]
+    if noisy:
+        lines += [
+            "",
+            f"Best LR within noise of the runner-up: {', '.join(noisy)}; either LR is as well supported by these "
+            "seeds, so say which was used and read a comparison that depends on it with care.",
         ]
     return lines + [""]
 

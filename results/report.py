@@ -9,6 +9,7 @@ well on GitHub wherever it is committed).
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,12 +20,13 @@ import pandas as pd
 from results import collect, curves, plots, publish, render, routing, tables
 from results.aggregate import Results, aggregate
 from results.claims import Evaluation
-from results.claims_md import summary_table, write_claims
+from results.claims_md import family_lines, summary_table, write_claims
 from results.lr_sensitivity import write_lr_sensitivity
 from results.outdir import REPORT, report_folder
 from results.paper import load_paper_numbers
 from results.ranking import ranking
 from results.render import markdown_escape
+from results.sequential_verdicts import LOG, DesignRecord, design_lines, read_confirmatory, read_design
 from results.stats import ALPHA, METHOD
 
 FIGURES = "figures"
@@ -50,6 +52,8 @@ class Output:
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
     view: str | None = None  # the grouped view written to those experiments (experiments.store.views)
     lr_section: list[str] = field(default_factory=list)  # each variant's best LR, where LRs vary
+    design: DesignRecord | None = None  # the seeds=auto design whose decisions are the primary verdicts
+    declared: dict | None = None  # the reproduction's confirmatory family (confirmatory.yaml), if any
 
     def moved_to(self, out_dir: Path) -> Output:
         """The same output with every path under :attr:`out_dir` moved under ``out_dir``."""
@@ -103,7 +107,7 @@ def build_report(
     except ValueError as error:
         raise collect.ResultsError(str(error)) from None
     with report_folder(out) as folder:
-        output = _write(client, folder, name, experiments, tracking_uri, filter_string, results, paper)
+        output = _write(client, folder, name, experiments, tracking_uri, filter_string, results, paper, out)
     output = output.moved_to(out)
     known = collect.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
@@ -124,9 +128,13 @@ def _write(
     filter_string: str,
     results: Results,
     paper: Any,
+    final: Path | None = None,
 ) -> Output:
-    """Tables, ``claims.md``, figures and ``report.md`` of ``results`` in the folder ``out``."""
+    """Tables, ``claims.md``, figures and ``report.md`` of ``results`` in the folder ``out`` (which
+    becomes ``final``, where a ``seeds_auto.log`` names the design that chose the seeds)."""
     output = Output(out, out / REPORT, results)
+    final = final or out
+    output.design, output.declared = read_design(final / LOG), read_confirmatory(final)
     main = tables.main_table(results)
     output.tables += render.write_table(main, out, "table")
     probes = tables.probe_table(results)
@@ -138,7 +146,9 @@ def _write(
     history = curves.read_curves(client, results)
     output.curves_csv = out / curves.FILE
     history.to_csv(output.curves_csv, index=False)
-    output.claims, output.evaluations = write_claims(results, out, name, experiments, curves=history)
+    output.claims, output.evaluations = write_claims(
+        results, out, name, experiments, curves=history, design=output.design, folder=final
+    )
     steered = routing.read_routing(client, results)
     if not steered.empty:
         output.routing_csv = out / routing.FILE
@@ -208,13 +218,20 @@ def _over_training(results: Results, output: Output) -> list[str]:
         return []
     csv = f"[{output.curves_csv.name}]({_rel(output.curves_csv, out)})" if output.curves_csv else "curves.csv"
     claims = f"[{output.claims.name}]({_rel(output.claims, out)})" if output.claims else "claims.md"
-    intro = (
+    return ["", OVER_TRAINING, "", _over_training_intro(csv, claims), "", *lines[:-1]]
+
+
+OVER_TRAINING = "## Over training (descriptive)"
+
+
+def _over_training_intro(csv: str, claims: str) -> str:
+    return (
         f"Every validation step of every run is in {csv} (tokens = step × tokens per step). Curves: the mean "
         "over a row's seeds with its 95% t interval (band, where n ≥ 2), log y. Δ: claimed row − other in "
-        "validation loss with its 95% CI; where along training each claim's verdict held is "
-        f'in {claims}, "Over training".'
+        "validation loss with its 95% CI, at the same tokens for every row. Descriptive: the CIs are "
+        "unadjusted across the steps and no verdict is drawn from them; where along training each CI lay is "
+        f'in {claims}, "Over training (descriptive)".'
     )
-    return ["", "## Over training", "", intro, "", *lines[:-1]]
 
 
 def _rows_with_probes(results: Results) -> list[list[str]]:
@@ -444,16 +461,7 @@ def render_report(
     if output.lr_section:
         lines += ["", *output.lr_section]
     if output.evaluations:
-        lines += [
-            "",
-            "## The paper's claims",
-            "",
-            f"Each claim of the paper tested on these runs (α = {ALPHA}; Holm across the primary claims, "
-            "Benjamini-Hochberg across the secondary; TOST for equivalence); the rules and the numbers behind "
-            f"every verdict are in [{output.claims.name}]({_rel(output.claims, out)}).",
-            "",
-            *summary_table(output.evaluations),
-        ]
+        lines += claims_section(output, out)
     lines += ["", "## Main table", ""]
     if results.rows:
         lines.append(render.to_markdown(main, heading="###", notes=False).rstrip())
@@ -511,7 +519,7 @@ def render_report(
     lines += routing.routing_section(
         routed, output.routing_csv, lambda paths, alt: _image(paths, out, alt), lambda p: _rel(p, out)
     )
-    lines += ["", *_methods(results, experiments, tracking_uri, filter_string, [main, probes])]
+    lines += ["", *_methods(results, experiments, tracking_uri, filter_string, [main, probes], design_section(output))]
     if probes is not None:
         lines += [
             "",
@@ -523,18 +531,106 @@ def render_report(
     return "\n".join(lines).rstrip() + "\n"
 
 
+def claims_section(output: Output, out: Path) -> list[str]:
+    """``## The paper's claims``: how the verdicts were reached, then one line per evaluation."""
+    link = f"[{output.claims.name}]({_rel(output.claims, out)})" if output.claims else "claims.md"
+    if output.design is not None:
+        how = (
+            f"The primary claims' verdicts are the decisions of the group-sequential design that chose the seeds "
+            f"(`seeds=auto`; stage, n and repeated confidence interval, see [Methods](#methods)); the secondary "
+            f"claims: α = {ALPHA}, Benjamini-Hochberg; the fixed-n analysis of the primary claims (Holm) is a "
+            f"secondary view in {link}."
+        )
+    else:
+        how = (
+            f"Each claim of the paper tested on these runs (α = {ALPHA}; Holm across the primary claims, "
+            "Benjamini-Hochberg across the secondary; TOST for equivalence at the family's level)."
+        )
+    return [
+        "",
+        "## The paper's claims",
+        "",
+        how + f" The rules and the numbers behind every verdict are in {link}.",
+        *(["", *family_lines(output.declared, out.name)] if output.declared else []),
+        "",
+        *summary_table(output.evaluations),
+    ]
+
+
+def design_section(output: Output) -> list[str]:
+    """``### The sequential design``: bounds, looks, spending, cap, and where the stages are logged."""
+    if output.design is None:
+        return []
+    log = f"[`{LOG}`]({LOG}) (the `mesh-sweep ... seeds=auto` output: every stage, its runs and its decisions)"
+    return ["### The sequential design", "", *design_lines(output.design, log), ""]
+
+
+def refresh_report(output: Output, results: Results) -> bool:
+    """Rewrite the ranking, the claims section and the design in the ``report.md`` already in the
+    folder (``--from-csv``: the figures and tables stay as they are); False when there is none."""
+    if not output.report.exists():
+        return False
+    text = output.report.read_text()
+    stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    text = re.sub(
+        r"from the MLflow store(; the ranking, the claims and the design refreshed [^.]*)?\.",
+        f"from the MLflow store; the ranking, the claims and the design refreshed from runs.csv by "
+        f"`mesh-results --from-csv` on {stamp}.",
+        text,
+        count=1,
+    )
+    lines = text.split("\n")
+    for i, line in enumerate(lines):  # the over-training section: descriptive, as claims.md's
+        if line in ("## Over training", OVER_TRAINING):
+            lines[i] = OVER_TRAINING
+        elif line.startswith("Every validation step of every run is in [curves.csv](curves.csv)"):
+            lines[i] = _over_training_intro("[curves.csv](curves.csv)", "[claims.md](claims.md)")
+    text = "\n".join(lines)
+    ranked = ranking(results, output.evaluations)
+    text = _replace_section(text, "## Ranking", ["## Ranking", "", *ranked] if ranked else [])
+    text = _replace_section(text, "## The paper's claims", claims_section(output, output.out_dir)[1:])
+    text = _replace_section(text, "### The sequential design", design_section(output)[:-1], before="### What was run")
+    output.report.write_text(text)
+    return True
+
+
+def _replace_section(text: str, heading: str, new: list[str], before: str = "") -> str:
+    """``text`` with the section that starts at the line ``heading`` (up to the next heading of its level
+    or above) replaced by ``new``; when absent, ``new`` goes before the line ``before``."""
+    lines = text.split("\n")
+    level = len(heading) - len(heading.lstrip("#"))
+    starts = [i for i, line in enumerate(lines) if line == heading]
+    if starts:
+        start = starts[0]
+        end = next(
+            (
+                i
+                for i in range(start + 1, len(lines))
+                if lines[i].startswith("#") and len(lines[i]) - len(lines[i].lstrip("#")) <= level
+            ),
+            len(lines),
+        )
+        return "\n".join([*lines[:start], *new, *([""] if new else []), *lines[end:]])
+    if new and before in lines:
+        at = lines.index(before)
+        return "\n".join([*lines[:at], *new, "", *lines[at:]])
+    return text
+
+
 def _methods(
     results: Results,
     experiments: Sequence[str],
     tracking_uri: str,
     filter_string: str,
     shown: Sequence[tables.Table | None],
+    design: list[str] | None = None,
 ) -> list[str]:
     """What was run, the regime, what the numbers are (the notes of the ``shown`` tables, each once;
     the cells and the tests are said by :func:`_honesty`) and the runs left out."""
     lines = [
         "## Methods",
         "",
+        *(design or []),
         "### What was run",
         "",
         *_what_was_run(results, experiments, tracking_uri, filter_string),
@@ -558,4 +654,4 @@ def _labels(results: Results, block_name: str) -> set[str]:
     return {r.label for b in results.blocks if b.name == block_name for r in b.rows}
 
 
-__all__ = ["Output", "build_report", "render_report"]
+__all__ = ["Output", "build_report", "claims_section", "design_section", "refresh_report", "render_report"]

@@ -16,11 +16,10 @@ at seeds 0..stage-1): a ``seeds_auto.stage<k>`` tag and ``stages.json``.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -32,7 +31,8 @@ from mesh_model import ConfigError
 from results import collect
 from results.aggregate import aggregate
 from results.claims import ClaimSet, Evaluation, canonical_scheme, evaluate, load_claims
-from results.sequential import CONTINUE, PRIOR_SD, REJECT, Design
+from results.sequential import CONTINUE, PRIOR_SD, PRIOR_SD_SOURCE, Design
+from results.sequential_verdicts import Verdict, paired_diffs, verdict_at
 from results.stats import seeds_needed
 from sweeps.cells import Cell
 from sweeps.grid import AutoSeeds, grid_cells, grid_key, read_request, split_auto_seeds, sweep_dir_for
@@ -41,21 +41,6 @@ from sweeps.parent import ParentRun
 from sweeps.sweep import run_sweep
 
 Arm = tuple[str, ...]  # a cell's overrides without its seed
-
-
-@dataclass
-class Verdict:
-    """One primary evaluation at one look."""
-
-    claim: str
-    rows: str
-    n: int
-    mean: float
-    statistic: float | None
-    bound: float
-    decision: str  # reject | continue | futile | inconclusive
-    verdict: str  # holds | contradicted | continue | futile | inconclusive
-    arms: list[Arm] = field(default_factory=list)
 
 
 def arm_of(cell: Cell) -> Arm:
@@ -107,52 +92,13 @@ def finished_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
         return pd.DataFrame(columns=["run_id", "config_hash", "status"])
 
 
-def paired_diffs(evaluation: Evaluation) -> list[tuple[int, float]]:
-    """(seed, claimed - other) for each seed both rows ran; PPL on the log scale."""
-    other = evaluation.lines[0].other
-    ours, theirs = evaluation.row.stats.get(evaluation.metric), other.stats.get(evaluation.metric)
-    if ours is None or theirs is None:
-        return []
-    a, b = dict(zip(ours.seeds, ours.values, strict=True)), dict(zip(theirs.seeds, theirs.values, strict=True))
-    log = evaluation.claim.log_scale
-    pairs = []
-    for seed in sorted(set(a) & set(b), key=int):
-        x, y = (math.log(a[seed]), math.log(b[seed])) if log else (a[seed], b[seed])
-        pairs.append((int(seed), x - y))
-    return pairs
-
-
-def verdict_at(design: Design, evaluation: Evaluation, arms: list[Arm]) -> Verdict:
-    """The first decision other than ``continue`` over the looks the runs reach (or the last one)."""
-    pairs = paired_diffs(evaluation)
-    label = f"{evaluation.row.label} vs {evaluation.lines[0].other.label} ({evaluation.metric})"
-    effect = evaluation.claim.paper_effect
-    result = Verdict(evaluation.claim.id, label, len(pairs), math.nan, None, math.inf, CONTINUE, CONTINUE, arms)
-    for k, size in enumerate(design.looks):
-        if len(pairs) < size:
-            break
-        diffs = [d for _, d in pairs[:size]]
-        mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-        decision = design.decide(diffs, effect)
-        statistic = mean / (sd / math.sqrt(size)) if sd > 0 else None
-        result = Verdict(evaluation.claim.id, label, size, mean, statistic, design.boundaries[k], decision, "", arms)
-        if decision != CONTINUE:
-            break
-    result.verdict = _verdict(result, evaluation.claim.expect)
-    return result
-
-
-def _verdict(result: Verdict, expect: str) -> str:
-    if result.decision != REJECT:
-        return result.decision
-    return "holds" if (result.mean < 0) == (expect == "lower") else "contradicted"
-
-
 def verdict_table(verdicts: Sequence[Verdict]) -> str:
     lines = [f"{'claim':26s} {'n':>3s} {'mean Δ':>9s} {'t':>7s} {'bound':>7s}  verdict  (rows)"]
     for v in verdicts:
         t = f"{v.statistic:+.2f}" if v.statistic is not None else "—"
-        lines.append(f"{v.claim:26s} {v.n:3d} {v.mean:+9.4f} {t:>7s} {v.bound:7.2f}  {v.verdict}  ({v.rows})")
+        lines.append(
+            f"{v.claim:26s} {v.n:3d} {v.mean:+9.4f} {t:>7s} {v.bound:7.2f}  {v.verdict}  {v.rci_text}  ({v.rows})"
+        )
     return "\n".join(lines)
 
 
@@ -181,15 +127,24 @@ def run_auto(
         raise ConfigError("seeds=auto", name, "a grid whose arms test a primary claim of results/paper_claims.yaml")
     design = Design(auto.stage, auto.max, auto.alpha, len(primary), auto.spending, auto.futility)  # m fixed up front
     arms = [arm_of(c) for c in arms_cells]
+    first = auto.first
     hashes = {
-        with_seed(p, s).config_hash: (arm, s) for arm, p in zip(arms, arm_plans, strict=True) for s in range(auto.max)
+        with_seed(p, s).config_hash: (arm, s)
+        for arm, p in zip(arms, arm_plans, strict=True)
+        for s in range(first, first + auto.max)
     }
     print(f"{name} seeds=auto: {len(arms)} arms, primary claims {', '.join(primary)}; {_design_text(design)}", file=out)
+    print(f"seeds {first}..{first + auto.max - 1} (seeds.first={first})", file=out)
+    evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+    measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
+    print("power at the cap, before spending:", file=out)
+    for line in power_lines(claims, primary, measured, design):
+        print(line, file=out)
     if dry_run:
-        return run_sweep(name, [*rest, f"seeds={auto.stage}"], dry_run=True, out=out)
+        return run_sweep(name, [*rest, _seeds_argument(range(first, first + auto.stage))], dry_run=True, out=out)
     needed, stages, spent_h, status = set(arms), [], 0.0, 0
     for k, size in enumerate(design.looks):
-        seeds = list(range(design.looks[k - 1] if k else 0, size))
+        seeds = list(range(first + (design.looks[k - 1] if k else 0), first + size))
         print(f"\nstage {k + 1}: seeds {seeds[0]}..{seeds[-1]} on {len(needed)} arm(s)", file=out)
         chosen = set(needed)
         code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command,
@@ -199,6 +154,12 @@ def run_auto(
         arm_by_run = _arms_by_run(frame, hashes)
         verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]
         print(f"\n{verdict_table(verdicts)}", file=out)
+        measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
+        open_claims = [v.claim for v in verdicts if v.decision == CONTINUE]
+        if open_claims and k < len(design.looks) - 1:  # re-planned on the SD the runs show so far
+            print("power at the cap, re-planned on this stage's SD:", file=out)
+            for line in power_lines(claims, open_claims, measured, design):
+                print(line, file=out)
         stage_plans = [with_seed(p, s) for arm, p in zip(arms, arm_plans, strict=True) for s in seeds if arm in chosen]
         seconds = run_seconds(hashes, stage_plans)
         spent_h += _hours(sum(seconds.get(a, 0.0) for a in chosen) * len(seeds), launch)
@@ -275,7 +236,7 @@ def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, o
 
 def _record(name: str, rest: Sequence[str], auto: AutoSeeds, plans: Sequence[RunPlan], stages, stop: str) -> None:
     """The stages on the parent run of stage 1 (the whole grid at seeds 0..stage-1)."""
-    launch, cell_overrides, _ = read_request(name, [*rest, f"seeds={auto.stage}"])
+    launch, cell_overrides, _ = read_request(name, [*rest, _seeds_argument(range(auto.first, auto.first + auto.stage))])
     _, first = grid_cells(name, cell_overrides, launch)
     found = ParentRun.find(plans[0].tracking_uri, sweep_dir_for(first[0], grid_key(name, first)))
     if found is None:
@@ -301,36 +262,93 @@ def _design_text(design: Design) -> str:
     )
 
 
+def _seeds_argument(seeds: Sequence[int]) -> str:
+    """``seeds=3`` for 0..2 (the form a plain grid uses, so its parent run is the same), else a list."""
+    seeds = list(seeds)
+    return f"seeds={len(seeds)}" if seeds == list(range(len(seeds))) else f"seeds=[{','.join(map(str, seeds))}]"
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """One primary claim's plan: the SD it assumes and where it comes from, the design's power at the
+    cap for the paper's effect at that SD, and the fixed-n seeds per arm for 80% power at alpha / m."""
+
+    claim: str
+    effect: float
+    sd: float
+    source: str
+    power: float
+    cap: int
+    needed: int | None
+
+    @property
+    def warning(self) -> str:
+        """One line when the power at the cap is below 50%, else empty."""
+        if self.power >= 0.5:
+            return ""
+        needed = f"{self.needed} seeds needed" if self.needed else "no seed count reaches 80% power"
+        return f"warning: {self.claim}: {self.power:.0%} power at {self.cap} seeds; {needed}"
+
+
+def plan_claim(claim_id: str, effect: float, diffs: Sequence[float], design: Design) -> ClaimPlan:
+    """The plan of one claim: the SD of its finished per-seed differences (two or more), else the prior."""
+    if len(diffs) >= 2 and statistics.stdev(diffs) > 0:
+        sd = statistics.stdev(diffs)
+        source = f"SD {sd:.4f} from {len(diffs)} finished paired seeds"
+    else:
+        sd, source = PRIOR_SD, PRIOR_SD_SOURCE
+    power = design.power(effect, sd, paths=50_000)
+    return ClaimPlan(claim_id, effect, sd, source, power, design.n_max, seeds_needed(effect, sd, design.share))
+
+
+def power_lines(claims: ClaimSet, ids: Sequence[str], measured: dict[str, list[float]], design: Design) -> list[str]:
+    """For each claim of ``ids`` with a paper effect: its power at the cap, and a warning below 50%."""
+    lines = []
+    for claim in (c for c in claims.claims if c.id in ids and c.paper_effect):
+        plan = plan_claim(claim.id, claim.paper_effect, measured.get(claim.id, []), design)
+        needed = f"{plan.needed} seeds per arm for 80% at fixed n" if plan.needed else "no n reaches 80%"
+        lines.append(
+            f"  {claim.id:26s} effect {plan.effect:+.3f}, {plan.source}: {plan.power:.0%} power at the cap "
+            f"({plan.cap} seeds); {needed}"
+        )
+        if plan.warning:
+            lines.append(f"  {plan.warning}")
+    return lines
+
+
 def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **_: object) -> int:
-    """For each primary claim the grid can evaluate: seeds for the paper's effect at 80% power (SD of
-    per-seed differences from finished runs of these cells, else PRIOR_SD), and their cost."""
+    """For each primary claim the grid can evaluate: the power of the seeds=auto design at its cap and
+    the seeds the paper's effect needs at 80% power at alpha / m (SD of the per-seed differences from
+    finished runs of these cells, else the prior, said with its source), and their cost."""
     auto, rest = split_auto_seeds(arguments)
     rest = [a for a in rest if not a.startswith("seeds=")]
     arms_cells, arm_plans, launch = grid_arms(name, rest)
     claims = load_claims()
     primary = primary_claims(claims, arm_plans)
-    alpha = (auto.alpha if auto else claims.alpha) / max(1, len(primary))
+    auto = auto or AutoSeeds(alpha=claims.alpha)
+    design = Design(auto.stage, auto.max, auto.alpha, max(1, len(primary)), auto.spending, auto.futility)
+    alpha = design.share
     arms = [arm_of(c) for c in arms_cells]
-    hashes = {
-        with_seed(p, s).config_hash: (arm, s) for arm, p in zip(arms, arm_plans, strict=True) for s in range(PLAN_SEEDS)
-    }
+    seeds = range(auto.first, auto.first + PLAN_SEEDS)
+    hashes = {with_seed(p, s).config_hash: (arm, s) for arm, p in zip(arms, arm_plans, strict=True) for s in seeds}
     evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
-    measured = {e.claim.id: paired_diffs(e) for e in evaluations}
-    seconds = run_seconds(hashes, [with_seed(p, s) for p in arm_plans for s in range(PLAN_SEEDS)])
+    measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
+    seconds = run_seconds(hashes, [with_seed(p, s) for p in arm_plans for s in seeds])
     per_run = statistics.fmean(seconds.values()) if seconds else None
     print(
-        f"{name} --plan: {len(arms)} arms, alpha {alpha:.4f} per primary claim (Bonferroni over {len(primary)})",
+        f"{name} --plan: {len(arms)} arms, alpha {alpha:.4f} per primary claim (Bonferroni over {len(primary)}); "
+        f"power at the cap of the seeds=auto design (stages of {design.stage}, cap {design.n_max}, simulated)",
         file=out,
     )
+    warnings = []
     for claim in (c for c in claims.claims if c.id in primary):
-        diffs = [d for _, d in measured.get(claim.id, [])]
-        sd, source = (
-            (statistics.stdev(diffs), f"SD {statistics.stdev(diffs):.4f} from {len(diffs)} finished seeds")
-            if len(diffs) >= 2
-            else (PRIOR_SD, f"prior SD {PRIOR_SD}")
-        )
-        n = seeds_needed(claim.paper_effect, sd, alpha) if claim.paper_effect else None
-        line = f"  {claim.id:26s} effect {claim.paper_effect:+.3f}, {source}: "
+        if not claim.paper_effect:
+            continue
+        plan = plan_claim(claim.id, claim.paper_effect, measured.get(claim.id, []), design)
+        line = f"  {claim.id:26s} effect {claim.paper_effect:+.3f}, {plan.source}: {plan.power:.0%} power at {plan.cap} seeds; "
+        if plan.warning:
+            warnings.append(plan.warning)
+        n = plan.needed
         if n is None:
             print(line + "no seed count reaches 80% power", file=out)
             continue
@@ -343,6 +361,8 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
             + f"{n} seeds per arm at 80% power; 2 arms {cost:.3g} CPU-h, ETA {eta} on launcher={launch.launcher.name} ({how})",
             file=out,
         )
+    for warning in warnings:
+        print(warning, file=out)
     return 0
 
 

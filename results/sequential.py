@@ -15,9 +15,18 @@ ch. 7 (alpha spending) and ch. 5 (the t statistic)):
   simulation: under the null, T_k does not depend on the SD, so ``paths`` seeded standard-normal
   paths give P(first |T_j| > c_j at look k) = a(t_k) - a(t_{k-1}) look by look. An increment
   below one path's weight gives c_k = inf (no stop at that look; conservative);
-* futility (non-binding, so it can only lower the type-I error): at an interim look, a claim
-  stops *futile* when its 1 - share confidence interval excludes the paper's effect (the effect
-  is implausible; more seeds are unlikely to find it). Off with ``futility=False``.
+* efficacy in both directions: |T_k| > c_k rejects, and the sign says *holds* (the paper's
+  direction) or *contradicted* (against it);
+* futility, one-sided and non-binding (it can only lower the type-I error, and the bounds are
+  calibrated without it): at an interim look, a claim stops *futile* only when the one-sided
+  1 - share confidence bound on the paper's side excludes the paper's effect (paper effect -0.036:
+  mean - t_{1-share, n-1}·se > -0.036). Evidence stronger than the paper's effect never stops a
+  claim for futility, so the power is non-decreasing in the true effect in the paper's direction
+  (``benchmarks/sequential_design.py``). Off with ``futility=False``;
+* the interval reported at the look where a claim stops (or at the cap) is the repeated
+  confidence interval (Jennison & Turnbull 1989, JRSS B 51:305; 2000, ch. 9): mean ± c_k·se with
+  the efficacy bound of that look, which covers the true difference with probability 1 - share
+  simultaneously at every look, whenever the design stops (an infinite bound gives (-inf, +inf)).
 
 Decisions per claim per look: ``reject`` (the sign says holds or contradicted), ``continue``,
 ``futile``, or ``inconclusive`` at the cap.
@@ -40,7 +49,13 @@ from sweeps.grid import check_seed_stages
 SPENDING = ("obrien_fleming", "pocock")
 CALIBRATION_PATHS = 400_000
 CALIBRATION_SEED = 20_260_101
-PRIOR_SD = 0.03  # nats: SD of per-seed differences assumed when no finished runs say otherwise
+# nats: SD of per-seed differences assumed when no finished runs say otherwise. At least the largest SD
+# of a primary claim's paired differences in the committed tiny grids (results/cpu-reproduction/*/runs.csv,
+# paired on common seeds: 0.0515, MeSH vs anchor in one-pass/schemes on 6 common seeds; tests/test_sequential.py checks it).
+PRIOR_SD = 0.055
+PRIOR_SD_SOURCE = (
+    "prior SD 0.055 (at least the largest in the committed tiny grids, 0.0515: MeSH vs anchor, one-pass schemes)"
+)
 
 REJECT, CONTINUE, FUTILE, INCONCLUSIVE = "reject", "continue", "futile", "inconclusive"
 
@@ -109,19 +124,40 @@ class Design:
             return REJECT
         if last:
             return INCONCLUSIVE
-        if self.futility and effect is not None and _excludes(mean, sd, n, effect, self.share):
+        if self.futility and effect and _futile(mean, sd, n, effect, self.share):
             return FUTILE
         return CONTINUE
 
-    def power(self, effect: float, sd: float, paths: int = 200_000, seed: int = 1) -> float:
-        """P(reject in the direction of ``effect``) for one claim (simulated, futility included)."""
+    def rci(self, diffs: Sequence[float]) -> tuple[float, float]:
+        """The repeated confidence interval at the look ``len(diffs)`` reaches: mean ± c_k·se."""
+        values = np.asarray(diffs, dtype=float)
+        n = len(values)
+        bound = self.boundaries[self.look_index(n)]
+        mean, sd = float(values.mean()), float(values.std(ddof=1))
+        half = bound * sd / math.sqrt(n) if math.isfinite(bound) else math.inf
+        return mean - half, mean + half
+
+    def power(
+        self, effect: float, sd: float, paths: int = 200_000, seed: int = 1, paper_effect: float | None = None
+    ) -> float:
+        """P(reject in the direction of ``effect``) for one claim whose true difference is ``effect``
+        (simulated, futility against ``paper_effect``, by default ``effect`` itself, included)."""
         diffs = np.random.default_rng(seed).normal(effect, sd, size=(paths, self.n_max))
-        return float(np.mean(decide_paths(self, diffs, effect) == np.sign(effect)))
+        futile_at = effect if paper_effect is None else paper_effect
+        return float(np.mean(decide_paths(self, diffs, futile_at) == np.sign(effect)))
 
 
-def _excludes(mean: float, sd: float, n: int, effect: float, share: float) -> bool:
-    half = float(student_t.ppf(1.0 - share / 2.0, n - 1)) * sd / math.sqrt(n)
-    return not mean - half <= effect <= mean + half
+def futility_bound(mean: float, sd: float, n: int, effect: float, share: float) -> float:
+    """The one-sided 1 - share confidence bound on the paper's side of the mean (the lower bound
+    when the paper's effect is negative, the upper when positive)."""
+    half = float(student_t.ppf(1.0 - share, n - 1)) * sd / math.sqrt(n)
+    return mean - half if effect < 0 else mean + half
+
+
+def _futile(mean: float, sd: float, n: int, effect: float, share: float) -> bool:
+    """The paper's effect lies beyond the one-sided bound (on the paper's side, never the other)."""
+    bound = futility_bound(mean, sd, n, effect, share)
+    return bound > effect if effect < 0 else bound < effect
 
 
 def running_t(diffs: np.ndarray, looks: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -158,8 +194,12 @@ def _boundaries(looks: tuple[int, ...], share: float, spending: str) -> tuple[fl
     return tuple(bounds)
 
 
-def decide_paths(design: Design, diffs: np.ndarray, effect: float | None = None) -> np.ndarray:
-    """Each path's outcome (paths x n_max differences): +1 / -1 rejected with that sign, 0 not."""
+def decide_paths(
+    design: Design, diffs: np.ndarray, effect: float | None = None, two_sided_futility: bool = False
+) -> np.ndarray:
+    """Each path's outcome (paths x n_max differences): +1 / -1 rejected with that sign, 0 not.
+    ``two_sided_futility``: the rule before issue 37 (futile when the two-sided 1 - share interval
+    excludes the effect on either side), kept only for benchmarks/sequential_design.py to compare."""
     statistics, means, sds = running_t(diffs, design.looks)
     bounds = np.asarray(design.boundaries)
     outcome = np.zeros(diffs.shape[0], dtype=int)
@@ -168,9 +208,14 @@ def decide_paths(design: Design, diffs: np.ndarray, effect: float | None = None)
         crossed = open_ & (np.abs(statistics[:, k]) > bounds[k])
         outcome[crossed] = np.sign(statistics[crossed, k]).astype(int)
         open_ &= ~crossed
-        if design.futility and effect is not None and k < len(design.looks) - 1:
-            half = student_t.ppf(1.0 - design.share / 2.0, n - 1) * sds[:, k] / math.sqrt(n)
-            open_ &= (means[:, k] - half <= effect) & (effect <= means[:, k] + half)
+        if design.futility and effect and k < len(design.looks) - 1:
+            if two_sided_futility:
+                half = student_t.ppf(1.0 - design.share / 2.0, n - 1) * sds[:, k] / math.sqrt(n)
+                futile = (means[:, k] - half > effect) | (means[:, k] + half < effect)
+            else:
+                half = student_t.ppf(1.0 - design.share, n - 1) * sds[:, k] / math.sqrt(n)
+                futile = (means[:, k] - half > effect) if effect < 0 else (means[:, k] + half < effect)
+            open_ &= ~futile
     return outcome
 
 
@@ -179,3 +224,21 @@ def naive_paths(diffs: np.ndarray, looks: Sequence[int], alpha: float) -> np.nda
     statistics = np.abs(running_t(diffs, looks)[0])
     critical = np.asarray([student_t.ppf(1.0 - alpha / 2.0, n - 1) for n in looks])
     return (statistics > critical).any(axis=1)
+
+
+def family_paths(design: Design, diffs: np.ndarray, effect: float | None = None) -> np.ndarray:
+    """Each claim's outcome on paths x claims x n_max differences (claims may correlate): paths x claims."""
+    return np.stack([decide_paths(design, diffs[:, j, :], effect) for j in range(diffs.shape[1])], axis=1)
+
+
+def null_grids(cov: np.ndarray, paths: int, n_max: int, seed: int = 0) -> np.ndarray:
+    """Paths x claims x n_max per-seed differences under the null, seeds independent, claims
+    correlated within a seed by ``cov`` (claims x claims)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.multivariate_normal(np.zeros(len(cov)), cov, size=(paths, n_max))  # paths x n x claims
+    return np.transpose(draws, (0, 2, 1))
+
+
+def shared_arm_cov(claims: int, sd: float) -> np.ndarray:
+    """Claims that share one arm (MeSH - baseline_j, every arm SD sd/√2): correlation 1/2."""
+    return np.full((claims, claims), sd**2 / 2.0) + np.eye(claims) * sd**2 / 2.0

@@ -6,6 +6,9 @@ the two-sided p-value of
 
 * a **paired t-test** on the per-seed differences when both rows ran exactly the same seeds
   (each seed once, at least two): ``paired t (n=3)``, df = n - 1;
+* a **paired t-test on the common seeds** when their seed sets differ but at least
+  ``MIN_COMMON`` (3) seeds are common: ``paired t (n=6 common of 9+6)``; the seeds only one row
+  ran are left out (a sequential design stops arms at different sizes: the pairs are kept);
 * otherwise **Welch's t-test** (unequal variances): ``Welch t``, with the Welch-Satterthwaite df.
 
 With fewer than two values on a side (fewer than two pairs), or no spread (a standard error of 0,
@@ -33,10 +36,15 @@ from scipy.stats import t as student_t
 Sample = Mapping[str, float] | Sequence[float]
 CONFIDENCE = 0.95
 ALPHA = 0.05
-METHOD_SHORT = "paired t-test over seeds when both rows ran the same seeds, else Welch's t-test"
+METHOD_SHORT = (
+    "paired t-test over seeds when both rows ran the same seeds (or on their common seeds, when at least 3), "
+    "else Welch's t-test"
+)
 METHOD = (
     "two-sided t-test over seeds: a paired t-test on the per-seed differences when both rows ran the "
-    "same seeds (paired t (n=...)), else Welch's t-test (Welch t, Welch-Satterthwaite degrees of freedom); "
+    "same seeds (paired t (n=...)), or on the seeds both ran when their sets differ and at least 3 are common "
+    "(paired t (n=... common of a+b); the other seeds are left out), else Welch's t-test (Welch t, "
+    "Welch-Satterthwaite degrees of freedom); "
     "95% confidence interval of the difference of means; no test when a row has fewer than two seeds, "
     "or when there is no spread at all"
 )
@@ -94,11 +102,18 @@ class Comparison:
         return self.diff - half, self.diff + half
 
 
+MIN_COMMON = 3  # seed sets that differ are paired on their common seeds from this many on
+
+
 def _paired(a: Sample, b: Sample) -> list[tuple[float, float]] | None:
-    """(a, b) per seed when both are ``{seed: value}`` over the same seeds, else None."""
-    if not isinstance(a, Mapping) or not isinstance(b, Mapping) or set(a) != set(b):
+    """(a, b) per seed when both are ``{seed: value}`` over the same seeds, or over at least
+    ``MIN_COMMON`` common seeds when the sets differ; else None."""
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
         return None
-    return [(float(a[seed]), float(b[seed])) for seed in sorted(a)]
+    common = set(a) & set(b)
+    if set(a) != set(b) and len(common) < MIN_COMMON:
+        return None
+    return [(float(a[seed]), float(b[seed])) for seed in sorted(common)]
 
 
 def _untested(diff: float, n_a: int, n_b: int, reason: str) -> Comparison:
@@ -129,7 +144,8 @@ def compare(a: Sample, b: Sample, confidence: float = CONFIDENCE) -> Comparison:
         sd = statistics.stdev(diffs)
         se = sd / math.sqrt(n)
         scale = max(abs(v) for pair in pairs for v in pair)
-        return _t_result(diff, se, sd, scale, n - 1, f"paired t (n={n})", n, n, confidence)
+        test = f"paired t (n={n})" if len(a) == len(b) == n else f"paired t (n={n} common of {len(a)}+{len(b)})"
+        return _t_result(diff, se, sd, scale, n - 1, test, n, n, confidence)
     xs = [float(v) for v in (a.values() if isinstance(a, Mapping) else a)]
     ys = [float(v) for v in (b.values() if isinstance(b, Mapping) else b)]
     if not xs or not ys:
@@ -245,6 +261,7 @@ def format_p(p: float | None) -> str:
 __all__ = [
     "ALPHA",
     "CONFIDENCE",
+    "MIN_COMMON",
     "METHOD",
     "METHOD_SHORT",
     "POWER",

@@ -113,12 +113,15 @@ class AutoSeeds:
     max: int = 12
     alpha: float = 0.05
     spending: str = "obrien_fleming"
-    futility: bool = True  # stop a claim whose interval excludes the paper's effect
+    futility: bool = True  # stop a claim whose one-sided bound excludes the paper's effect
     budget_cpu_h: float | None = None
     budget_gpu_h: float | None = None
+    first: int = 0  # the first seed: stages run first..first+max-1 (a confirmation grid on fresh seeds)
 
     def __post_init__(self) -> None:
         check_seed_stages(self.stage, self.max, self.alpha)
+        if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
+            raise ConfigError("seeds.first", self.first, "an integer >= 0 (the first seed of seeds=auto)")
         for name in ("budget_cpu_h", "budget_gpu_h"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -139,6 +142,7 @@ AUTO_KEYS = {
     "futility": _flag,
     "budget_cpu_h": float,
     "budget_gpu_h": float,
+    "first": int,
 }
 
 

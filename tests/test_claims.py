@@ -17,6 +17,7 @@ from results.claims import (
     HOLDS,
     INCONCLUSIVE,
     NOT_TESTED,
+    RULED_OUT,
     VERDICTS,
     Claim,
     ClaimsError,
@@ -192,7 +193,10 @@ def test_the_numbers_behind_a_verdict(written):
     assert f"| {math.expm1(-0.036) * 100:+.1f}% |" in line  # the paper's effect beside it
     # MDE and seeds from the noncentral t on the SD of the per-seed log differences
     sd = float(np.std(np.log(mesh) - np.log(base), ddof=1))
-    assert f"| ±{math.expm1(min_detectable(sd, 3)) * 100:.1f}% | {seeds_needed(-0.036, sd)} |" in line
+    # at the level the verdict uses: alpha / m over the tested primary family (Bonferroni, Holm's first step)
+    level = 0.05 / len([e for e in evaluations if e.family == "primary" and e.p is not None])
+    mde, needed = min_detectable(sd, 3, level), seeds_needed(-0.036, sd, level)
+    assert f"| ±{math.expm1(mde) * 100:.1f}% | {needed} |" in line
     # raw p, then Holm across the primary family of this report
     primary = [e for e in evaluations if e.family == "primary" and e.p is not None]
     assert (
@@ -303,9 +307,29 @@ def test_tost_equivalent_when_the_90_ci_is_inside_the_margin():
     low, high = comparison.interval(0.90)
     claim = _claim(margin=0.01)
     assert -0.01 < low < high < 0.01 and comparison.p > 0.05
-    assert pairwise_verdict(comparison, claim) == (EQUIVALENT, "", "90% CI inside ±0.01")
+    assert pairwise_verdict(comparison, claim) == (EQUIVALENT, "", "TOST at 0.05: the 90% CI inside ±0.01")
     # the same runs with a margin narrower than the CI: inconclusive
     assert pairwise_verdict(comparison, _claim(margin=abs(low) / 2))[0] == INCONCLUSIVE
+    # at the family's level (alpha / 4): the 97.5% CI must fit
+    wide = comparison.interval(1 - 2 * 0.0125)
+    verdict = pairwise_verdict(comparison, _claim(margin=max(abs(wide[0]), abs(wide[1])) * 0.99), level=0.0125)
+    assert verdict[0] == INCONCLUSIVE
+
+
+def test_the_papers_effect_ruled_out_by_the_one_sided_bound():
+    """The one-pass MeSH < base case: Δ > 0, not significant, but the paper's -3.6% is excluded."""
+    base = [56.2, 59.2, 54.5, 57.7, 58.6, 54.5, 55.5, 56.6, 58.2]
+    mesh = [61.3, 61.2, 53.2, 57.0, 59.4, 58.9, 60.8, 55.8, 58.3]
+    comparison = _log_pairs(mesh, base)
+    level = 0.0125
+    bound = comparison.diff - scipy_stats.t.ppf(1 - level, comparison.df) * comparison.se
+    assert bound > -0.036 and comparison.ci_low < 0  # not significant, the paper's effect excluded
+    verdict = pairwise_verdict(comparison, _claim(paper_effect=-0.036), level=level)
+    assert verdict == (RULED_OUT, "", f"one-sided 98.75% bound {bound:+.4f} vs paper -0.036")
+    # no paper effect: nothing to rule out; a default ±1% PPL margin is tested for equivalence instead
+    assert pairwise_verdict(comparison, _claim(), level=level)[0] == INCONCLUSIVE
+    # with the paper's effect as default margin the old "equivalent" is gone: the claim says what it rules out
+    assert _claim(paper_effect=-0.036).equivalence_margin is None
 
 
 def test_inconclusive_when_the_ci_covers_0_and_the_paper_effect():

@@ -72,6 +72,7 @@ def test_the_section_bolds_the_best_flags_the_edge_and_writes_csv_and_figure(res
     lines, paths = write_lr_sensitivity(res, tmp_path, tmp_path / "figures")
     text = "\n".join(lines)
     assert "| base 1+2R2+1 | 52.20 ± 0.28 (n=2) | **49.30 ± 0.42 (n=2)** | 50.10 ± 0.14 (n=2) | 2e-3 | 1.6% |" in text
+    assert "| 4e-3: +1.6% (2 SE " in text  # base: the runner-up 4e-3 and its gap
     assert "| mesh 1+2R2+1 B5 |" in text and "4e-3 (edge of the range tried)" in text
     assert "Best at the edge of the LRs tried: mesh 1+2R2+1 B5" in text
     assert "![" in text and "figures/lr_sensitivity.png" in text
@@ -81,6 +82,37 @@ def test_the_section_bolds_the_best_flags_the_edge_and_writes_csv_and_figure(res
     assert best == {"base": 2e-3, "mesh": 4e-3}
     png = tmp_path / "figures" / "lr_sensitivity.png"
     assert png in paths and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_best_and_the_runner_up_are_within_noise_when_their_gap_is_at_most_2_se(results):
+    """The gap is the runner-up minus the best in log PPL over seeds, paired on the seeds both LRs ran."""
+    from scipy import stats as scipy_stats
+
+    res, _ = results
+    curves = {c.variant: c for c in lr_curves(res)}
+    for variant, best, runner in (("base 1+2R2+1", 2e-3, 4e-3), ("mesh 1+2R2+1 B5", 4e-3, 2e-3)):
+        curve = curves[variant]
+        a, b = (
+            [math.log(p) for p in PPL[variant.split()[0]][runner]],
+            [math.log(p) for p in PPL[variant.split()[0]][best]],
+        )
+        paired = scipy_stats.ttest_rel(a, b)
+        se = (statistics.fmean(a) - statistics.fmean(b)) / paired.statistic
+        assert curve.runner_up.lr == runner and curve.gap.se == pytest.approx(se)
+        assert curve.within_noise == (abs(statistics.fmean(a) - statistics.fmean(b)) <= 2 * se)
+        assert curve.gap.test == "paired t (n=2)"
+    base = curves["base 1+2R2+1"]
+    assert base.within_noise is False and "beyond noise" in base.noise_text  # gaps 2.0% and 0.8% per seed
+    assert curves["mesh 1+2R2+1 B5"].within_noise is False
+    # the runner-up 4e-3 at 48.8 and 50.2 against 49.0 and 49.6: per-seed gaps -0.4% and +1.2%, within 2 SE
+    from dataclasses import replace
+
+    from results.aggregate import Stat
+
+    close = replace(base.points[2].row, stats={res.ppl_metric: Stat((48.8, 50.2), ("0", "1"))})
+    noisy = replace(base, points=(*base.points[:2], replace(base.points[2], row=close)))
+    assert noisy.runner_up.lr == 4e-3 and noisy.within_noise is True and "within noise" in noisy.noise_text
+    assert "Best LR within noise of the runner-up: base 1+2R2+1" in "\n".join(lr_markdown([noisy], "PPL"))
 
 
 def test_a_grid_at_one_lr_per_scheme_has_no_section(tmp_path_factory, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from results.sequential import PRIOR_SD, PRIOR_SD_SOURCE, Design
 from results.stats import seeds_needed
 from sweeps.sweep import main, run_sweep
 
@@ -36,6 +37,8 @@ CELL = [
         (["seeds=auto", "seeds.alpha=1.5"], "seeds.alpha=1.5 is invalid: a number strictly between 0 and 1"),
         (["seeds.stage=2"], "seeds.stage=2 is invalid: needs seeds=auto beside it"),
         (["seeds=auto", "seeds.stag=2"], "did you mean 'stage'?"),
+        (["seeds=auto", "seeds.first=-1"], "seeds.first=-1 is invalid: an integer >= 0"),
+        (["seeds=auto", "seeds.first=x"], "seeds.first='x' is invalid: a int"),
         (["seeds=auto", "--detach"], "--detach does not go with seeds=auto: each stage is decided before the next"),
         (["seeds=auto", "scheme=mesh"], "seeds=auto='schemes' is invalid: a grid whose arms test a primary claim"),
     ],
@@ -51,9 +54,24 @@ def test_plan_without_runs_uses_the_prior_sd_and_the_flop_model(tmp_path, capsys
     assert main(["schemes", "--plan", *CELL, f"runs_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "alpha 0.0125 per primary claim (Bonferroni over 4)" in out
-    (line,) = [x for x in out.splitlines() if "mesh_below_base" in x]
-    assert f"prior SD 0.03: {seeds_needed(-0.036, 0.03, 0.0125)} seeds per arm" in line and "(FLOP model)" in line
+    (line,) = [x for x in out.splitlines() if "mesh_below_base" in x and "warning" not in x]
+    assert f"{PRIOR_SD_SOURCE}: " in line and "(FLOP model)" in line
+    assert f"{seeds_needed(-0.036, PRIOR_SD, 0.0125)} seeds per arm at 80% power" in line
+    power = Design(claims=4).power(-0.036, PRIOR_SD, paths=50_000)
+    assert f"{power:.0%} power at 12 seeds" in line
+    # below 50% at the cap: one warning line per claim, e.g. MeSH < anchor at the prior SD
+    warned = [x for x in out.splitlines() if x.startswith("warning: mesh_below_anchor:")]
+    needed = seeds_needed(-0.023, PRIOR_SD, 0.0125)
+    assert len(warned) == 1 and warned[0].endswith(f"power at 12 seeds; {needed} seeds needed")
     assert not (tmp_path / "mlflow.db").exists()  # --plan creates no store
+
+
+def test_seeds_first_moves_the_grid_to_fresh_seeds(tmp_path):
+    buffer = io.StringIO()
+    assert run_sweep("schemes", ["seeds=auto", "seeds.first=100", *CELL, f"runs_dir={tmp_path}"], True, out=buffer) == 0
+    out = buffer.getvalue()
+    assert "seeds 100..111 (seeds.first=100)" in out and "power at the cap, before spending:" in out
+    assert "seed=100" in out and "seed=0 " not in out
 
 
 def parents(tmp_path):
@@ -92,7 +110,7 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
     script = str(Path(sys.executable).parent / "mesh-sweep")
     again = subprocess.run([script, "schemes", *args], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "already finished, 0 to run" in again.stdout and f"  {last['verdict']}  (mesh" in again.stdout
+    assert "already finished, 0 to run" in again.stdout and f"  {last['verdict']}  RCI" in again.stdout
     assert len(parents(tmp_path)[2]) == 8
 
     plan = subprocess.run(
@@ -102,4 +120,4 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
         timeout=300,
     )
     assert plan.returncode == 0, plan.stderr[-2000:]
-    assert "from 4 finished seeds" in plan.stdout and "(measured run times)" in plan.stdout
+    assert "from 4 finished paired seeds" in plan.stdout and "(measured run times)" in plan.stdout

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import t as student_t
 
 from mesh_model import ConfigError
-from results.sequential import CONTINUE, FUTILE, INCONCLUSIVE, REJECT, Design, decide_paths, naive_paths, spent
+from results.sequential import (
+    CONTINUE,
+    FUTILE,
+    INCONCLUSIVE,
+    PRIOR_SD,
+    REJECT,
+    Design,
+    decide_paths,
+    family_paths,
+    futility_bound,
+    naive_paths,
+    null_grids,
+    shared_arm_cov,
+    spent,
+)
 
 GRIDS = 4000
 SD = 0.03  # nats, per-seed difference
@@ -110,6 +125,87 @@ def test_futility_stops_a_claim_whose_interval_excludes_the_effect():
     assert design.decide(diffs, effect=EFFECT) in (FUTILE, REJECT)
     assert design.decide(diffs[:3], effect=EFFECT) == FUTILE  # the first look never rejects (bound inf)
     assert Design(stage=3, n_max=12, claims=1, futility=False).decide(diffs[:3], EFFECT) == CONTINUE
+
+
+def test_evidence_stronger_than_the_papers_effect_is_never_futile():
+    """The issue's case: a MeSH three times better than the paper's was called futile."""
+    assert Design(claims=4).decide([-0.10, -0.10, -0.11], EFFECT) == CONTINUE
+    assert Design(claims=4).decide([0.10, 0.10, 0.11], -EFFECT) == CONTINUE  # a paper effect > 0, mirrored
+    assert Design(claims=4).decide([-0.10, -0.10, -0.11], -EFFECT) == FUTILE
+
+
+def test_the_futility_bound_is_scipys_one_sided_bound():
+    values = np.array([0.05, -0.01, 0.04, 0.02, 0.06, 0.0])
+    n, share = len(values), 0.0125
+    se = values.std(ddof=1) / math.sqrt(n)
+    lower = float(values.mean() - student_t.ppf(1 - share, n - 1) * se)
+    assert futility_bound(values.mean(), values.std(ddof=1), n, EFFECT, share) == pytest.approx(lower)
+    assert futility_bound(values.mean(), values.std(ddof=1), n, -EFFECT, share) == pytest.approx(
+        float(values.mean() + student_t.ppf(1 - share, n - 1) * se)
+    )
+
+
+def test_the_repeated_confidence_interval_uses_the_looks_bound():
+    design = Design(claims=4)
+    values = np.random.default_rng(3).normal(0.03, 0.05, size=9)
+    low, high = design.rci(values)
+    half = design.boundaries[2] * values.std(ddof=1) / 3.0
+    assert (low, high) == pytest.approx((values.mean() - half, values.mean() + half))
+    assert design.rci(values[:3]) == (-math.inf, math.inf)  # the first look's bound is infinite
+    (single,) = Design(stage=12, n_max=12, claims=4).boundaries  # one look: the plain t interval at share
+    assert single == pytest.approx(student_t.ppf(1 - 0.0125 / 2, 11), rel=0.005)
+
+
+@pytest.mark.parametrize("sd", [0.03, 0.05])
+def test_power_does_not_fall_as_the_effect_grows(sd):
+    design = Design(claims=4)
+    powers = [design.power(effect, sd, paths=40_000, paper_effect=EFFECT) for effect in (-0.036, -0.07, -0.15)]
+    print(f"\nSD {sd}: power at -0.036, -0.07, -0.15: {powers}")
+    assert powers == sorted(powers)
+    assert powers[-1] > 0.99
+    # the old two-sided rule (kept for the benchmark): a much better MeSH was often called futile
+    diffs = np.random.default_rng(1).normal(-0.15, sd, size=(40_000, design.n_max))
+    old = float(np.mean(decide_paths(design, diffs, EFFECT, two_sided_futility=True) == -1))
+    assert old < 0.6 < powers[-1]
+
+
+def committed_cov() -> np.ndarray:
+    import pandas as pd
+
+    runs = pd.read_csv(Path(__file__).parents[1] / "results/cpu-reproduction/one-pass/schemes/runs.csv")
+    logs = runs[runs["status"] == "FINISHED"].pivot_table(index="seed", columns="scheme", values="val/docs/loss")
+    logs = logs.dropna()
+    pairs = (("mesh", "base"), ("mesh", "anchor"), ("mesh", "anchor_emb"), ("base", "vanilla"))
+    return np.cov(np.stack([logs[a] - logs[b] for a, b in pairs], axis=1), rowvar=False)
+
+
+@pytest.mark.parametrize("futility", [True, False])
+@pytest.mark.parametrize("which", ["shared arm", "runs.csv"])
+def test_family_wise_error_with_correlated_claims(which, futility):
+    cov = shared_arm_cov(4, 0.05) if which == "shared arm" else committed_cov()
+    design = Design(claims=4, futility=futility)
+    paths = 20_000
+    outcomes = family_paths(design, null_grids(cov, paths, design.n_max, seed=7), EFFECT)
+    fwer = float((outcomes != 0).any(axis=1).mean())
+    print(f"\n{which}, futility {futility}: FWER {fwer:.4f}")
+    assert fwer <= 0.05 + 2 * mc_se(0.05, paths)
+
+
+def test_the_prior_sd_is_at_least_every_committed_tiny_grids():
+    from results.aggregate import aggregate
+    from results.claims import evaluate
+    from results.from_csv import read_runs_csv
+
+    found = []
+    for csv in sorted((Path(__file__).parents[1] / "results/cpu-reproduction").glob("**/runs.csv")):
+        try:
+            results = aggregate(read_runs_csv(csv), "val_loss")
+        except Exception:  # a grid that differs by params (the LR sweep) is not regrouped from its CSV
+            continue
+        for e in evaluate(results):
+            if e.family == "primary" and e.lines and e.lines[0].comparison.paired and e.lines[0].comparison.sd:
+                found.append(e.lines[0].comparison.sd)
+    assert found and max(found) <= PRIOR_SD
 
 
 @pytest.mark.parametrize(

@@ -52,11 +52,25 @@ def test_welch_test_is_scipys_unequal_variance_ttest(n_a, n_b):
     assert result.ci_high - result.diff == pytest.approx(scipy_stats.t.ppf(0.975, df) * math.sqrt(va + vb))
 
 
+def test_rows_whose_seeds_differ_are_paired_on_their_common_seeds():
+    """A sequential design stops arms at different sizes: 9 seeds against 6 keep the 6 pairs."""
+    a = {str(s): 4.0 + 0.05 * s + 0.01 * (s % 3) for s in range(9)}
+    b = {str(s): 3.9 + 0.05 * s - 0.02 * (s % 2) for s in range(6)}
+    result = compare(a, b)
+    common = [str(s) for s in range(6)]
+    expected = scipy_stats.ttest_rel([a[s] for s in common], [b[s] for s in common])
+    assert result.test == "paired t (n=6 common of 9+6)" and result.paired and result.n_a == result.n_b == 6
+    assert result.p == pytest.approx(expected.pvalue, rel=1e-9)
+    interval = expected.confidence_interval(0.95)
+    assert (result.ci_low, result.ci_high) == pytest.approx((interval.low, interval.high), rel=1e-9)
+    assert compare(a, {"0": 3.9, "1": 4.0, "9": 4.1}).test == "Welch t"  # 2 common: Welch
+
+
 def test_pairing_only_when_the_seeds_match():
     a, b = {"0": 1.0, "1": 2.0, "2": 3.5}, {"0": 0.5, "1": 1.9, "2": 2.0}
     assert compare(a, b).test == "paired t (n=3)"
-    assert compare(a, {"0": 0.5, "1": 1.9, "7": 2.0}).test == "Welch t"  # a seed differs
-    assert compare(a, {"0": 0.5, "1": 1.9}).test == "Welch t"  # a seed is missing
+    assert compare(a, {"0": 0.5, "1": 1.9, "7": 2.0}).test == "Welch t"  # a seed differs: 2 common
+    assert compare(a, {"0": 0.5, "1": 1.9}).test == "Welch t"  # a seed is missing: 2 common
     assert compare(list(a.values()), list(b.values())).test == "Welch t"  # no seeds
     # a row whose runs share a seed (no config hash to tell re-runs apart) cannot be paired
     repeated = Stat((1.0, 1.2, 3.0), ("0", "0", "1"))
