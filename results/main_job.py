@@ -55,7 +55,7 @@ def run_main_job(
     print("\n".join(opening), flush=True)
     sweep_status = run_sweep(SWEEP, arguments, say_next=False)
     store = f"sqlite:///{runs / 'mlflow.db'}"
-    output = build_report(SWEEP, [SWEEP], store, out_dir)
+    output = build_report(SWEEP, [SWEEP], store, out_dir, opening=opening[1:])
     print()
     print("\n".join(summary_lines(output.results, output.evaluations)))
     print("\n".join(opening[1:]))

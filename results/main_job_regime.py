@@ -53,7 +53,7 @@ class Regime:
             if len(self.lrs) == 1
             else f"peak LRs {', '.join(f'{v:g}' for v in self.lrs)}"
         )
-        fragile = " (n < 3: every test is fragile)" if self.seeds < 3 else ""
+        fragile = " (under 3 seeds every test is fragile)" if self.seeds < 3 else ""
         return [
             f"Regime: {len(self.schemes)} schemes x {self.seeds} seeds{fragile}, {self.steps:,} steps each = "
             f"{_tokens(self.tokens)} tokens ({per_param} tokens per non-embedding parameter{passes}), {lr}.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -118,4 +119,13 @@ def write_table(table: Table, out_dir: str | Path, stem: str) -> list[Path]:
     return paths
 
 
-__all__ = ["latex_escape", "markdown_escape", "notes_markdown", "to_latex", "to_markdown", "write_table"]
+def quote_lines(lines: Sequence[str]) -> list[str]:
+    """``lines`` as one Markdown quote (each escaped, a ``>`` line between), after a blank line;
+    nothing when there are none."""
+    block: list[str] = []
+    for line in lines:
+        block += [*([">"] if block else []), f"> {markdown_escape(line)}"]
+    return ["", *block] if block else []
+
+
+__all__ = ["latex_escape", "markdown_escape", "notes_markdown", "quote_lines", "to_latex", "to_markdown", "write_table"]

@@ -52,6 +52,7 @@ class Output:
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
     view: str | None = None  # the grouped view written to those experiments (experiments.store.views)
     lr_section: list[str] = field(default_factory=list)  # each variant's best LR, where LRs vary
+    opening: list[str] = field(default_factory=list)  # what report.md, claims.md and the parents open with
     design: DesignRecord | None = None  # the seeds=auto design whose decisions are the primary verdicts
     declared: dict | None = None  # the reproduction's confirmatory family (confirmatory.yaml), if any
 
@@ -83,12 +84,14 @@ def build_report(
     metric: str = "val_loss",
     paper_file: str | Path | None = None,
     publish_to_parents: bool = True,
+    opening: Sequence[str] = (),
 ) -> Output:
     """Read the runs of ``experiments`` (all when empty) passing ``filter_string`` from the store and
     write tables, figures and ``report.md`` into ``out_dir`` (written beside it and moved in place
     whole, :mod:`results.outdir`); then (``publish_to_parents``) colour and tag the runs, write the
     experiments' views, and put the report on the MLflow parent run of every sweep whose cells it
-    read (:mod:`results.publish`)."""
+    read (:mod:`results.publish`). ``opening``: lines that ``report.md``, ``claims.md`` and the parent
+    runs' descriptions open with (the main job's regime, :mod:`results.main_job_regime`)."""
     out = Path(out_dir)
     client = collect.open_client(tracking_uri)
     frame = collect.collect_runs(client, experiments, filter_string)
@@ -107,12 +110,12 @@ def build_report(
     except ValueError as error:
         raise collect.ResultsError(str(error)) from None
     with report_folder(out) as folder:
-        output = _write(client, folder, name, experiments, tracking_uri, filter_string, results, paper, out)
+        output = _write(client, folder, name, experiments, tracking_uri, filter_string, results, paper, out, opening)
     output = output.moved_to(out)
     known = collect.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents:
-        lines = ranking(results, output.evaluations)
+        lines = [*render.quote_lines(opening)[1:], *([""] if opening else []), *ranking(results, output.evaluations)]
         done = publish.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines)
         output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder
         output.view = done.view
@@ -129,10 +132,11 @@ def _write(
     results: Results,
     paper: Any,
     final: Path | None = None,
+    opening: Sequence[str] = (),
 ) -> Output:
     """Tables, ``claims.md``, figures and ``report.md`` of ``results`` in the folder ``out`` (which
     becomes ``final``, where a ``seeds_auto.log`` names the design that chose the seeds)."""
-    output = Output(out, out / REPORT, results)
+    output = Output(out, out / REPORT, results, opening=list(opening))
     final = final or out
     output.design, output.declared = read_design(final / LOG), read_confirmatory(final)
     main = tables.main_table(results)
@@ -147,7 +151,7 @@ def _write(
     output.curves_csv = out / curves.FILE
     history.to_csv(output.curves_csv, index=False)
     output.claims, output.evaluations = write_claims(
-        results, out, name, experiments, curves=history, design=output.design, folder=final
+        results, out, name, experiments, curves=history, design=output.design, folder=final, opening=opening
     )
     steered = routing.read_routing(client, results)
     if not steered.empty:
@@ -454,6 +458,7 @@ def render_report(
         + (f"; every run: [{output.runs_csv.name}]({_rel(output.runs_csv, out)})" if output.runs_csv else "")
         + (f"; the paper's claims tested: [{output.claims.name}]({_rel(output.claims, out)})" if output.claims else "")
         + "; how the numbers were made: [Methods](#methods).",
+        *render.quote_lines(output.opening),
     ]
     ranked = ranking(results, output.evaluations)
     if ranked:

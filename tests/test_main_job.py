@@ -85,9 +85,15 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert "[claims.md](claims.md)" in report
     # The sweep's parent run carries the report: its description (MLflow's run note) starts with the
     # ranking, then the claims' verdicts and the results table; the report folder is among its artifacts.
+    # The parent's description, report.md and claims.md open with the job's regime and what the one-pass
+    # reproduction found later in training, then the ranking.
     note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
-    assert note.startswith("**tiny, compute depth 6**: validation PPL (shakespeare), lower is better")
-    assert report.split("\n## ", 2)[1].startswith("Ranking\n")  # and so does the report
+    assert note.startswith("> Regime: 6 schemes x 2 seeds (under 3 seeds every test is fragile), 4 steps each")
+    assert "\n>\n> These 8.2k tokens per run are the early phase, where MeSH leads. In the one-pass" in note
+    assert "\n\n**tiny, compute depth 6**: validation PPL (shakespeare), lower is better" in note
+    assert report.split("\n## ", 2)[1].startswith("Ranking\n")  # and so does the report, after the same quote
+    assert report.split("\n## ", 1)[0].split("\n\n")[-1] == note.split("\n\n")[0]
+    assert (out / "claims.md").read_text().split("\n\n")[2] == note.split("\n\n")[0]
     assert all(line in note for line, _ in rows.values())
     claims_summary = claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0]
     assert "### The paper's claims" in note and claims_summary in note
@@ -97,7 +103,7 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     # the ranking in plain text (no Markdown), where the report is and how to open the store.
     first = printed.splitlines()[:3]
     assert first[0].startswith("mesh-demo: the schemes grid (vanilla, base, residual, anchor, anchor_emb, mesh)")
-    assert first[1].startswith("Regime: 6 schemes x 2 seeds (n < 3: every test is fragile), 4 steps each")
+    assert first[1].startswith("Regime: 6 schemes x 2 seeds (under 3 seeds every test is fragile), 4 steps each")
     assert "one peak LR for every scheme" in first[1] and "In the one-pass reproduction" in first[2]
     ranking = printed.split("tiny, compute depth 6: validation PPL (shakespeare), lower is better\n\n", 1)[1]
     ranked = [line.split()[1] for line in ranking.splitlines()[1:7]]

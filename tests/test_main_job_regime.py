@@ -99,7 +99,7 @@ def test_the_regime_line():
     regime = Regime(("vanilla", "mesh"), 2, 400, 819_200, (200_000, 300_000), 1_600_000, "shakespeare", (0.003,))
     (line,) = regime.lines()
     assert line == (
-        "Regime: 2 schemes x 2 seeds (n < 3: every test is fragile), 400 steps each = 819k tokens "
+        "Regime: 2 schemes x 2 seeds (under 3 seeds every test is fragile), 400 steps each = 819k tokens "
         "(2.7-4.1 tokens per non-embedding parameter, 0.51 passes over shakespeare's training split), "
         "one peak LR for every scheme (0.003)."
     )

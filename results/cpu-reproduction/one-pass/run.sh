@@ -16,6 +16,8 @@
 #            (stages of 3, cap 12): the primary claims MeSH < base, < anchor, < anchor*, base > vanilla
 #   k3       base and MeSH at the three-loop 1+1R3+1, seeds=auto
 #   skip     the skip combinations at tiny not in the schemes grid, 3 seeds (reported with the schemes)
+#   lr-disjoint  the LR sweep on seeds 20-21 (disjoint from every evaluation grid's), anchor at its
+#            own LRs: declared, run after the screen
 #   screen   MeSH's open choices, stage A (sweeps/conf/sweep/mesh_open_choices.yaml: arms, seeds 12-14
 #            and the decision rule, declared before it ran), with base and anchor
 set -euo pipefail
@@ -59,6 +61,19 @@ for stage in "${STAGES[@]}"; do
       # anchor* was best at 8e-3, the edge, and MeSH within 1.6% of it there: one LR further for both
       sweep lr "${LR[@]}" scheme=anchor_emb,mesh optim.lr=0.016
       ;;
+    lr-disjoint)
+      # Declared 2026-12-04, before it ran: the LR sweep again on seeds 20-21, disjoint from every
+      # evaluation grid's (schemes 0-11, the open-choices screen 12-14, its re-tuning 40-41, its
+      # confirmation from 100), with anchor at its own LRs. Decision: each scheme's best mean val PPL
+      # at step 625; where the best and the runner-up are within noise (results/lr_sensitivity.py),
+      # the report says so and the lower LR is kept. A scheme whose best LR changes gets the schemes
+      # grid re-run at it (a new experiment, seeds=auto), and the verdicts that depend on it are
+      # reported beside the old ones.
+      LR=(scheme=vanilla,base,anchor,anchor_emb,mesh "seeds=[20,21]" max_steps=625 val_every=125
+        checkpoint_every=125 probes.enabled=false tracking.experiment=onepass_lr_disjoint)
+      sweep lr "${LR[@]}"
+      sweep lr "${LR[@]}" scheme=anchor,anchor_emb,mesh optim.lr=0.016
+      ;;
     schemes)
       # shellcheck disable=SC2046  # one word per override
       sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh seeds=auto seeds.max=12 "${FULL[@]}" \
@@ -90,10 +105,12 @@ for stage in "${STAGES[@]}"; do
       report schemes onepass_schemes
       report k3 onepass_k3
       report skip_combos onepass_schemes,onepass_skip_combos
-      [ -d "$RUNS" ] && report open_choices onepass_open_choices
+      [ -d "$RUNS" ] && report lr_disjoint onepass_lr_disjoint
+      [ -d "$RUNS" ] && report open_choices onepass_open_choices \
+        && .venv/bin/python -m results.open_choices "$OUT/open_choices" >/dev/null  # the declared rule: decision.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, schemes, k3, skip, screen, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, plan or report" >&2
       exit 2
       ;;
   esac
