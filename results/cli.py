@@ -33,7 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI, then sqlite in --runs-dir)"
     )
-    parser.add_argument("--runs-dir", default="runs", help="where mesh-train put runs/mlflow.db (default: runs)")
+    parser.add_argument(
+        "--runs-dir",
+        default=None,
+        help="where mesh-train put runs/mlflow.db (default: runs); given, its store is read even when "
+        "$MLFLOW_TRACKING_URI is set",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: results/<NAME>)")
     parser.add_argument("--filter", default="", help="MLflow filter string, e.g. \"tags.preset = 'tiny'\"")
     parser.add_argument(
@@ -66,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from results.report import build_report
         from results.terminal_summary import summary_lines
 
-        uri = tracking_uri_for(args.tracking_uri, args.runs_dir)
+        uri = tracking_uri_for(args.tracking_uri, args.runs_dir or "runs", environment=args.runs_dir is None)
         output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper)
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)

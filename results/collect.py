@@ -44,10 +44,12 @@ class ResultsError(ValueError):
     """A bad request (unknown experiment, missing store); the message is one line."""
 
 
-def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs") -> str:
-    """``--tracking-uri``, then ``$MLFLOW_TRACKING_URI``, then ``sqlite:///<runs_dir>/mlflow.db``
-    (as mesh-train resolves it); a sqlite file that does not exist is an error, not a new store."""
-    uri = resolve_tracking_uri(tracking_uri, Path(runs_dir).expanduser(), os.environ)
+def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs", environment: bool = True) -> str:
+    """``--tracking-uri``, then ``$MLFLOW_TRACKING_URI`` (unless not ``environment``: a ``--runs-dir``
+    given on the command line names its store whatever the environment holds), then
+    ``sqlite:///<runs_dir>/mlflow.db`` (as mesh-train resolves it); a sqlite file that does not exist
+    is an error, not a new store."""
+    uri = resolve_tracking_uri(tracking_uri, Path(runs_dir).expanduser(), os.environ if environment else {})
     if (path := sqlite_path(uri)) is not None:
         if not path.exists():
             raise ResultsError(f"no MLflow store at {path}; run a sweep first, or pass --tracking-uri / --runs-dir")

@@ -8,6 +8,8 @@ input's coefficient of f_K at the end ("collapse" below 0.1), the final read's e
 tokens (step 250) and at the end, and the paired difference to base and anchor.
 
     python -m results.open_choices results/cpu-reproduction/one-pass/open_choices
+
+writes ``decision.md`` and ``selected.txt`` (the selected arms, one per line, for stage B) there.
 """
 
 from __future__ import annotations
@@ -198,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     (folder / "decision.md").write_text(text)
+    chosen = selected(evaluate_screen(runs, routing))
+    (folder / "selected.txt").write_text("".join(f"{r.arm}\n" for r in chosen))  # run.sh confirm reads it
     print(text)
     return 0
 

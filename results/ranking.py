@@ -17,7 +17,7 @@ from results.render import code_span, markdown_escape
 from results.stats import diff_text
 
 BASE = "base"
-NO_CLAIM = "no claim compares it with base"
+NO_CLAIM = "not a paper claim: Δ described, untested"
 
 
 def ranked_rows(results: Results, block: Block) -> list[Row]:

@@ -2,8 +2,9 @@
 
 * A line when a cell starts and when it ends, numbered ``cell i/N`` (1-based, of the whole grid)
   and labelled with its coordinates; an end line adds the status, steps/s, val PPL, wall time and
-  the grid's ETA: the cells still to run x the mean wall time of the cells finished in this
-  invocation / the cells running at once (``ETA ?`` until one finished). The wall time is the
+  the grid's ETA: the running cells' remaining time and the queued cells packed onto the slots
+  that free up, from the mean wall time of the cells finished in this invocation (``ETA ?``
+  until one finished). The wall time is the
   run's own (``train()`` entry to end, as in its ``result.json``), else the time from the cell's
   start line to its end line, which is also what the ETA averages. Cells finished by an earlier
   invocation are listed once, as SKIPPED, before anything starts::
@@ -104,14 +105,23 @@ class GridConsole:
             parts.append(f"ETA {self.eta()}")
         self.say(" · ".join(parts))
 
-    def eta(self) -> str:
-        """The cells still to run x the mean wall time of those completed here / the cells at once."""
+    def eta(self, now: float | None = None) -> str:
+        """When the last cell should end, from the mean wall time of the cells completed here: each
+        running cell ends a mean wall time after its start (never before ``now``), and each queued
+        cell takes the first slot to free up (``at_once`` slots)."""
         remaining = max(0, self.to_run - self._ended)
         if remaining == 0:
             return duration(0)
         if not self._walls:
             return "?"
-        return duration(remaining * statistics.fmean(self._walls) / min(self.at_once, remaining))
+        mean = statistics.fmean(self._walls)
+        now = time.monotonic() if now is None else now
+        running = sorted(max(0.0, mean - (now - began)) for began in self._started.values())[: self.at_once]
+        free = sorted(running + [0.0] * (self.at_once - len(running)))
+        for _ in range(max(0, remaining - len(running))):
+            free[0] += mean
+            free.sort()
+        return duration(max(free))
 
 
 def _figures(o: CellOutcome | None) -> tuple[str, str, str, str]:

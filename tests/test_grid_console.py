@@ -357,3 +357,28 @@ def test_a_grid_in_a_log_says_each_start_and_end_and_its_parent_run_says_what_th
 def table_rows(text: str) -> list[list[str]]:
     rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
     return [[part.strip() for part in row.strip("|").split("|")] for row in rows]
+
+
+def test_the_eta_counts_what_the_running_cells_have_left(monkeypatch):
+    """6 cells, 2 at a time, 60 s each: when the first ends, its twin is about to end too, so 4
+    queued cells on 2 slots leave 2 minutes (remaining x mean / at_once said 2m30s)."""
+    from sweeps import progress
+    from sweeps.cells import Cell, CellOutcome
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    console = progress.GridConsole(out, total=6, to_run=6, at_once=2)
+    assert console.eta() == "?"
+    cells = [Cell(i, [f"seed={i}"], f"seed={i}") for i in range(6)]
+    console.started(cells[0])
+    console.started(cells[1])
+    clock[0] = 60.0
+    console.ended(CellOutcome(0, ["seed=0"], "FINISHED", "seed=0"))
+    assert out.getvalue().rstrip().endswith("wall 1m00s · ETA 2m00s")
+    # one queued cell and one running for 30 s of its 60: the last ends 60 s from now
+    assert console.eta(now=60.0) == "2m00s"
+    console.started(cells[2])
+    clock[0] = 90.0
+    console.ended(CellOutcome(1, ["seed=1"], "FINISHED", "seed=1"))  # mean 75 s; cell 2 has 45 s left
+    assert console.eta(now=90.0) == "2m30s"

@@ -132,6 +132,7 @@ def test_the_command_writes_decision_md_and_refuses_a_screen_without_its_control
     text = (tmp_path / "decision.md").read_text()
     assert "| `mesh_z_loss` **selected** |" in text and "**Selected for stage B**: `mesh_z_loss`" in text
     assert "| `mesh` | 59.33 ± 3.06 (60.00, 62.00, 56.00) | control |" in text
+    assert (tmp_path / "selected.txt").read_text() == "mesh_z_loss\nmesh_router_lr\n"
     runs[runs["scheme"] != "mesh"].to_csv(tmp_path / "runs.csv", index=False)
     capsys.readouterr()
     assert main([str(tmp_path)]) == 2

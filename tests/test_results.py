@@ -341,7 +341,7 @@ def test_the_report_opens_with_each_blocks_ranking_by_ppl_with_delta_vs_base_and
     assert ci == f"[{welch.low:+.3f}, {welch.high:+.3f}]"
     assert rows[0][4] == "`mesh_below_base`: holds (n=2, fragile)"
     assert rows[1][4] == "`base_worse_than_vanilla`: holds"  # vanilla against base, the claim either way round
-    assert rows[2][4] == "no claim compares it with base" and rows[-1][3:] == ["—", "reference"]
+    assert rows[2][4] == "not a paper claim: Δ described, untested" and rows[-1][3:] == ["—", "reference"]
 
 
 def test_the_methods_are_said_once_at_the_end_and_the_probe_table_is_an_appendix(synthetic):
@@ -592,6 +592,17 @@ def test_cli_errors(tmp_path, synthetic, capsys):
     assert main(["--filter", "tags.preset = 'tiny'", "--tracking-uri", uri, "--out", str(filtered)]) == 0
     table = pd.read_csv(filtered / "table.csv")
     assert list(table.preset) == ["tiny"]
+
+
+def test_a_runs_dir_on_the_command_line_beats_the_environment(tmp_path, synthetic, capsys, monkeypatch):
+    """The grid's printed ``results:`` command names its store with --runs-dir: it reads that store
+    even when $MLFLOW_TRACKING_URI points elsewhere; without --runs-dir the environment decides."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere' / 'mlflow.db'}")
+    assert main(["synthetic", "--runs-dir", str(synthetic.parent), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "table.csv").exists()
+    capsys.readouterr()
+    assert main(["synthetic", "--out", str(tmp_path / "other")]) == 2
+    assert f"no MLflow store at {tmp_path / 'elsewhere' / 'mlflow.db'}" in capsys.readouterr().err
 
 
 def test_a_grid_with_no_finished_run_yet_gets_no_report(tmp_path_factory, tmp_path, capsys):

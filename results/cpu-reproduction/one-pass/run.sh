@@ -16,6 +16,7 @@
 #            (stages of 3, cap 12): the primary claims MeSH < base, < anchor, < anchor*, base > vanilla
 #   k3       base and MeSH at the three-loop 1+1R3+1, seeds=auto
 #   skip     the skip combinations at tiny not in the schemes grid, 3 seeds (reported with the schemes)
+#   confirm  stage B of the screen: each selected arm against base and anchor, seeds=auto from seed 100
 #   lr-disjoint  the LR sweep on seeds 20-21 (disjoint from every evaluation grid's), anchor at its
 #            own LRs: declared, run after the screen
 #   screen   MeSH's open choices, stage A (sweeps/conf/sweep/mesh_open_choices.yaml: arms, seeds 12-14
@@ -95,6 +96,35 @@ for stage in "${STAGES[@]}"; do
       # shellcheck disable=SC2046
       sweep mesh_open_choices "seeds=[12,13,14]" "${FULL[@]}" $(lr_args) tracking.experiment=onepass_open_choices
       ;;
+    confirm)
+      # Stage B of the open-choices screen, as declared in sweeps/conf/sweep/mesh_open_choices.yaml:
+      # each arm the screen's rule selected (open_choices/selected.txt, written by the report stage)
+      # against base and anchor, seeds=auto from seed 100. An arm that changes the routers' step gets
+      # its LR re-chosen first among 2e-3, 4e-3 and 8e-3 on seeds 40-41 at a quarter of the budget.
+      # base's and anchor's runs are shared between the arms' grids (same config and seed: run once).
+      SEL="$OUT/open_choices/selected.txt"
+      if [ ! -s "$SEL" ]; then
+        echo "run.sh: no arm selected in $SEL: stage B is not run" >&2
+        continue
+      fi
+      while read -r arm; do
+        lr=0.004
+        case "$arm" in
+          mesh_router_lr | mesh_rmsnorm | mesh_z_loss)
+            sweep mesh_open_choices "arm=$arm" "seeds=[40,41]" max_steps=625 val_every=125 checkpoint_every=125 \
+              probes.enabled=false optim.lr=0.002,0.004,0.008 "tracking.experiment=onepass_retune_$arm"
+            report "retune_$arm" "onepass_retune_$arm"
+            lr=$(.venv/bin/python -c "import sys, pandas as pd; print(f\"{pd.read_csv(sys.argv[1]).query('best').lr.iloc[0]:g}\")" \
+              "$OUT/retune_$arm/lr.csv")
+            ;;
+        esac
+        echo "run.sh: stage B arm $arm at LR $lr" >&2
+        # shellcheck disable=SC2046
+        sweep mesh_open_choices "arm=$arm,base,anchor" seeds=auto seeds.first=100 seeds.max=12 "${FULL[@]}" \
+          $(lr_args | tr ' ' '\n' | grep -v '^+optim.lr_by_scheme.mesh=') "+optim.lr_by_scheme.mesh=$lr" \
+          tracking.experiment=onepass_open_choices_confirm
+      done <"$SEL"
+      ;;
     plan)
       # shellcheck disable=SC2046
       .venv/bin/mesh-sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh "${FULL[@]}" $(lr_args) \
@@ -108,9 +138,10 @@ for stage in "${STAGES[@]}"; do
       [ -d "$RUNS" ] && report lr_disjoint onepass_lr_disjoint
       [ -d "$RUNS" ] && report open_choices onepass_open_choices \
         && .venv/bin/python -m results.open_choices "$OUT/open_choices" >/dev/null  # the declared rule: decision.md
+      [ -d "$RUNS" ] && report open_choices_confirm onepass_open_choices_confirm
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, plan or report" >&2
       exit 2
       ;;
   esac
