@@ -176,26 +176,31 @@ def grouping_params(frame: pd.DataFrame) -> list[str]:
     if not dicts or len(dicts) < len(finished):
         return []
     every = set().union(*(set(p) for p in dicts))
+    free = {*FREE_MAPPINGS, *(k for p in dicts for k, v in p.items() if v == "{}")}
     keys = []
     for key in sorted(every):
         if key in AXIS_PARAMS or not distinguishes_rows(key):  # experiments.identity: one definition
             continue
-        values = [_param(p, key) for p in dicts]
+        values = [_param(p, key, free) for p in dicts]
         if None not in values and len(set(values)) > 1:
             keys.append(key)
     return keys
 
 
-def _param(params: dict[str, str], key: str) -> str | None:
-    """``params[key]``; "" (unset) where a mapping above the key was logged empty (a run with
-    ``model_overrides={}`` beside one with ``model_overrides.mesh_router_init=own_slot``: flatten
-    logs an empty mapping as one ``{}`` param); None where the run did not log it."""
+# Mappings whose keys a run sets freely (flatten logs one param per key set, or ``{}`` when none
+# is): a key a run did not log under them is unset there, not unknown.
+FREE_MAPPINGS = ("model_overrides", "optim.lr_by_scheme")
+
+
+def _param(params: dict[str, str], key: str, free: set[str]) -> str | None:
+    """``params[key]``; "" (unset) for a key under a free mapping the run did not set (MeSH's
+    control beside an arm's ``model_overrides.mesh_router_init=own_slot``, or one arm's
+    ``mesh_router_norm`` beside another's ``mesh_router_init``); None where the run did not log
+    it (a run of an older version, without the setting: its rows are told apart by the rest)."""
     if key in params:
         return params[key]
     parts = key.split(".")
-    if any(params.get(".".join(parts[:i])) == "{}" for i in range(1, len(parts))):
-        return ""
-    return None
+    return "" if any(".".join(parts[:i]) in free for i in range(1, len(parts))) else None
 
 
 def overrides_label(params: dict[str, str] | Any, keys: Sequence[str]) -> str:

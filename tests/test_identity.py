@@ -96,6 +96,14 @@ def test_an_override_beside_an_empty_mapping_makes_its_own_row():
     ]
     frame = pd.DataFrame({"status": ["FINISHED"] * 4, "params": control + arm})
     assert grouping_params(frame) == ["model_overrides.mesh_router_init"]
+    # a second arm sets another key of the same mapping: each arm's key is unset in the other's runs
+    other = [{"seed": str(s), "model_overrides.mesh_router_norm": "rmsnorm", "optim.lr": "0.004"} for s in (12, 13)]
+    three = pd.DataFrame({"status": ["FINISHED"] * 6, "params": control + arm + other})
+    assert grouping_params(three) == ["model_overrides.mesh_router_init", "model_overrides.mesh_router_norm"]
+    assert grouping_params(pd.DataFrame({"status": ["FINISHED"] * 4, "params": arm + other})) == [
+        "model_overrides.mesh_router_init",
+        "model_overrides.mesh_router_norm",
+    ]
     label = overrides_label({**control[0], "model_overrides.mesh_router_init": ""}, grouping_params(frame))
     assert label == ""  # the control's row is MeSH's own label
 
