@@ -92,8 +92,9 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert re.search(r"\n>\n> These [\d.]+k tokens per run are the early phase, where MeSH leads\. In the one-pass", note)
     assert "\n\n**tiny, compute depth 6**: validation PPL (shakespeare), lower is better" in note
     assert report.split("\n## ", 2)[1].startswith("Ranking\n")  # and so does the report, after the same quote
-    assert report.split("\n## ", 1)[0].split("\n\n")[-1] == note.split("\n\n")[0]
-    assert (out / "claims.md").read_text().split("\n\n")[2] == note.split("\n\n")[0]
+    quote = note.split("\n\n")[0]
+    assert report.split("\n## ", 1)[0].split("\n\n")[-1].strip() == quote
+    assert (out / "claims.md").read_text().split("\n\n")[2].strip() == quote
     assert all(line in note for line, _ in rows.values())
     claims_summary = claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0]
     assert "### The paper's claims" in note and claims_summary in note
