@@ -89,7 +89,9 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     # reproduction found later in training, then the ranking.
     note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
     assert note.startswith("> Regime: 6 schemes x 2 seeds (under 3 seeds every test is fragile), 4 steps each")
-    assert re.search(r"\n>\n> These [\d.]+k tokens per run are the early phase, where MeSH leads\. In the one-pass", note)
+    assert re.search(
+        r"\n>\n> These [\d.]+k tokens per run are the early phase, where MeSH leads\. In the one-pass", note
+    )
     assert "\n\n**tiny, compute depth 6**: validation PPL (shakespeare), lower is better" in note
     assert report.split("\n## ", 2)[1].startswith("Ranking\n")  # and so does the report, after the same quote
     quote = note.split("\n\n")[0]
