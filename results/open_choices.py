@@ -195,13 +195,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(args.folder)
     try:
         runs, routing = pd.read_csv(folder / "runs.csv"), pd.read_csv(folder / "routing.csv")
-        text = render_decision(evaluate_screen(runs, routing))
+        results = evaluate_screen(runs, routing)
     except (OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    text = render_decision(results)
     (folder / "decision.md").write_text(text)
-    chosen = selected(evaluate_screen(runs, routing))
-    (folder / "selected.txt").write_text("".join(f"{r.arm}\n" for r in chosen))  # run.sh confirm reads it
+    (folder / "selected.txt").write_text("".join(f"{r.arm}\n" for r in selected(results)))  # run.sh confirm reads it
     print(text)
     return 0
 

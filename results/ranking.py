@@ -49,16 +49,32 @@ def verdict(row: Row, base: Row | None, evaluations: Sequence[Evaluation], metri
     return NO_CLAIM
 
 
+def ranked_cells(results: Results, block: Block, evaluations: Sequence[Evaluation]) -> list[tuple[Row, str, str, str]]:
+    """``block``'s rows best first, each with its mean ± sd (n), its Δ vs base [95% CI] and the
+    verdict (Markdown code spans around the claim's name): what the report's ranking and the
+    terminal's (:mod:`results.terminal_summary`) show."""
+    metric = results.ppl_metric
+    scale = 100.0 if is_accuracy(metric) else 1.0
+    metrics = {metric, *(f"val/{s}/ppl" for s in results.sets[:1])}
+    cells = []
+    for row in ranked_rows(results, block):
+        stat = row.stats[metric]
+        decimals = decimals_for(metric, stat.mean * scale)
+        base = base_of(block, row)
+        comparison = row.compare(base, metric) if base is not None and base is not row else None
+        delta = "—" if base is row else diff_text(comparison.scaled(scale), decimals) if comparison else ""
+        cells.append((row, stat.text(decimals, scale), delta, verdict(row, base, evaluations, metrics)))
+    return cells
+
+
 def ranking(results: Results, evaluations: Sequence[Evaluation]) -> list[str]:
     """Markdown: per block, a line naming it and the metric, then a table of its rows best first
     (row | mean ± sd (n) | Δ vs base [95% CI] | verdict), then one line on how to read it."""
-    metric = results.ppl_metric
-    scale, unit = (100.0, " (% points)") if is_accuracy(metric) else (1.0, "")
-    metrics = {metric, *(f"val/{s}/ppl" for s in results.sets[:1])}
+    unit = " (% points)" if is_accuracy(results.ppl_metric) else ""
     order = "lower" if results.lower_is_better else "higher"
     lines: list[str] = []
     for block in results.blocks:
-        rows = ranked_rows(results, block)
+        rows = ranked_cells(results, block, evaluations)
         if not rows:
             continue
         lines += [
@@ -67,14 +83,8 @@ def ranking(results: Results, evaluations: Sequence[Evaluation]) -> list[str]:
             "| # | row | mean ± sd (n) | Δ vs base [95% CI]" + unit + " | verdict |",
             "|---:|---|---:|---:|---|",
         ]
-        for rank, row in enumerate(rows, 1):
-            stat = row.stats[metric]
-            decimals = decimals_for(metric, stat.mean * scale)
-            base = base_of(block, row)
-            comparison = row.compare(base, metric) if base is not None and base is not row else None
-            delta = "—" if base is row else diff_text(comparison.scaled(scale), decimals) if comparison else ""
-            cells = [str(rank), code_span(row.label), stat.text(decimals, scale), delta]
-            lines.append("| " + " | ".join(cells) + f" | {verdict(row, base, evaluations, metrics)} |")
+        for rank, (row, mean, delta, said) in enumerate(rows, 1):
+            lines.append("| " + " | ".join([str(rank), code_span(row.label), mean, delta, said]) + " |")
         lines.append("")
     if not lines:
         return []
@@ -85,4 +95,4 @@ def ranking(results: Results, evaluations: Sequence[Evaluation]) -> list[str]:
     return lines
 
 
-__all__ = ["ranked_rows", "ranking"]
+__all__ = ["ranked_cells", "ranked_rows", "ranking"]

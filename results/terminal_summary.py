@@ -10,34 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from results.aggregate import Results, decimals_for, is_accuracy
+from results.aggregate import Results
 from results.claims import Evaluation
-from results.ranking import base_of, ranked_rows, verdict
-from results.stats import diff_text
+from results.ranking import ranked_cells
 
 HEADER = ("#", "row", "mean ± sd (n)", "Δ vs base [95% CI]", "verdict")
 
 
 def summary_lines(results: Results, evaluations: Sequence[Evaluation]) -> list[str]:
     """Per block: its name and metric, then the ranked rows as aligned plain-text columns."""
-    metric = results.ppl_metric
-    scale = 100.0 if is_accuracy(metric) else 1.0
-    metrics = {metric, *(f"val/{s}/ppl" for s in results.sets[:1])}
     order = "lower" if results.lower_is_better else "higher"
     lines: list[str] = []
     for block in results.blocks:
-        rows = ranked_rows(results, block)
+        rows = ranked_cells(results, block, evaluations)
         if not rows:
             continue
         table = [HEADER]
-        for rank, row in enumerate(rows, 1):
-            stat = row.stats[metric]
-            decimals = decimals_for(metric, stat.mean * scale)
-            base = base_of(block, row)
-            comparison = row.compare(base, metric) if base is not None and base is not row else None
-            delta = "—" if base is row else diff_text(comparison.scaled(scale), decimals) if comparison else ""
-            said = verdict(row, base, evaluations, metrics).replace("`", "")
-            table.append((str(rank), row.label, stat.text(decimals, scale), delta, said))
+        for rank, (row, mean, delta, said) in enumerate(rows, 1):
+            table.append((str(rank), row.label, mean, delta, said.replace("`", "")))
         widths = [max(len(r[i]) for r in table) for i in range(len(HEADER) - 1)]
         lines += [f"{block.name}: {results.metric_label}, {order} is better", ""]
         for cells in table:
