@@ -8,7 +8,7 @@ import base64
 import json
 import shlex
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from experiments.console import script_command
@@ -285,6 +285,28 @@ def fit_tag_value(text: str, cut_line: str) -> str:
     tail = f"\n\n{cut_line}"
     kept = text[: TAG_VALUE_LIMIT - len(tail)]
     return kept[: kept.rfind("\n") if "\n" in kept else len(kept)] + tail
+
+
+def finished_run_note(result: Mapping[str, Any], val_sets: Sequence[str]) -> str:
+    """A finished training run's description, the first thing its page shows (the UI orders the
+    run's charts by name, the probes' before ``train`` and ``val``): the main validation set's
+    perplexity and the training loss at the last step, the other sets' perplexities, and where the
+    curves, the probe values and the timings are. ``result`` is ``train()``'s (``val/<set>/ppl``,
+    ``train/loss``, ``steps``)."""
+    main, *others = val_sets
+    head = f"**validation PPL ({main}) {result[f'val/{main}/ppl']:.2f}**"
+    if "train/loss" in result:
+        head += f" · training loss {result['train/loss']:.4f}"
+    lines = [f"{head} · after {result['steps']} steps"]
+    shown = [f"{s} {result[f'val/{s}/ppl']:.2f}" for s in others if f"val/{s}/ppl" in result]
+    if shown:
+        lines.append(f"Validation PPL on the other sets: {', '.join(shown)}")
+    lines.append(
+        f"Curves: *Model metrics*, sections `val/{main}` and `train`. Every probe value: "
+        "`probes/final/probes.csv` under *Artifacts* (with `probes.json` and the figures). "
+        "Steps per second and where the time went: the `time/*` metrics below."
+    )
+    return "\n\n".join(lines)
 
 
 def set_run_description(client: Any, run_id: str, markdown: str) -> None:
