@@ -46,6 +46,8 @@ def small_store(root: Path) -> str:
     import mlflow
     from mlflow.entities import Metric
 
+    from experiments.store.views import finished_run_note, set_run_description
+
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("schemes", artifact_location=(root / "artifacts").as_uri())
@@ -74,6 +76,12 @@ def small_store(root: Path) -> str:
                 metrics += [Metric("train/tokens_per_s", 9000.0 + 100 * seed, now + step, step)]
                 metrics += [Metric("epoch", step / 100, now + step, step)]
             client.log_batch(run, metrics=metrics)
+            last = {
+                "val/pile/ppl": final + seed + 10.0,
+                "train/loss": math.log(final + seed + 10.0) + 0.1,
+                "steps": 400,
+            }
+            set_run_description(client, run, finished_run_note(last, ["pile"]))  # as train() writes it
             client.set_terminated(run, "FINISHED")
     return uri
 
