@@ -92,7 +92,8 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
     """The runs page as a grid is read: every training run in one flat list (a sort other than by
     date stops MLflow nesting cells under the sweep's collapsed parent; the parent itself is left
     out, :data:`TRAINING_RUNS_FILTER`), best validation loss first, the validation perplexities,
-    losses, speed and the run's coordinates as columns, all runs in the charts (each in its scheme's
+    losses and the run's coordinates as columns (the UI orders metric columns by name, so no other
+    metric goes before the perplexity), all runs in the charts (each in its scheme's
     colour, :data:`RUN_COLOR_TAG`).
 
     The charts open on the answer: the main validation set's section first, its perplexity over
@@ -112,7 +113,6 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
     names = [*(f"val/{s}" for s in sets), "train", ROUTING_SECTION, SPEED_SECTION, MODEL_METRICS_SECTION]
     sections = {name: f"mesh-section-{i}" for i, name in enumerate(names)}
     columns = [f"metrics.`val/{s}/ppl`" for s in sets] + ["metrics.`val_loss`", "metrics.`train/loss`"]
-    columns += ["metrics.`time/steps_per_s`"]
     columns += [f"tags.`{tag}`" for tag in ("scheme", "layout", "buffer_slots", "seed")]
     charts = []
     for s in sets:
