@@ -93,6 +93,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     from experiments.callbacks.checkpointing import newest_intact_checkpoint
     from experiments.callbacks.timing import RunTimer
     from experiments.data.datamodule import TokenDataModule
+    from experiments.store.views import finished_run_note, set_run_description
     from experiments.trainer import build_module, build_trainer, run_callbacks
 
     model_config = model_config_for(plan.config, padded_vocab(prepared.vocab_size))
@@ -127,6 +128,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     result = _result(plan, trainer, val_names[0], record)
     if record is not None:
         result["timing"] = asdict(timing := timer.finish())
+        set_run_description(record.client, record.run_id, finished_run_note(result, val_names))
         record.finish({"val_loss": result["val_loss"], **timing.as_metrics()}, trainer.global_step)
         with atomic_path(plan.result_file) as partial:  # its presence means finished: never half-written
             partial.write_text(json.dumps(result, indent=2))

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not experiments and not args.filter:
         parser.error("give an experiment NAME (e.g. schemes) or --filter")
     label = "-".join(experiments) or "filtered"
-    out = Path(args.out) if args.out else Path("results") / label
+    out = (Path(args.out) if args.out else Path("results") / label).resolve()  # every printed path absolute
     start = time.perf_counter()
     quiet_libraries()
     from experiments.store.views import runs_list_url
@@ -105,11 +105,12 @@ def _from_csv(csv: str, out: str | None, metric: str, experiments: Sequence[str]
     from results.from_csv import rebuild_claims
 
     try:
-        path, evaluations, _ = rebuild_claims(csv, Path(out) if out else Path(csv).parent, metric, "", experiments)
+        folder = Path(out) if out else Path(csv).parent
+        path, evaluations, _ = rebuild_claims(csv, folder.resolve(), metric, "", experiments)
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"[mesh-results] {len(evaluations)} claim evaluations from {csv} -> {path}")
+    print(f"[mesh-results] {len(evaluations)} claim evaluations from {Path(csv).resolve()} -> {path.resolve()}")
     return 0
 
 

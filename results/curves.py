@@ -311,8 +311,17 @@ def over_training_lines(
         e = t.evaluation
         rows = f"`{e.row.label}` vs " + ", ".join(f"`{x.other.label}`" for x in e.lines)
         where = ", ".join(p for p in (f"`{e.claim.id}`", markdown_escape(e.block), f"`{e.metric}`", rows) if p)
-        lines.append(f"* {where}: {trajectory_text(t)}")
+        lines.append(f"* {where}: {trajectory_text(t)}{fragile_mark(e)}")
     return lines
+
+
+def fragile_mark(evaluation: Evaluation) -> str:
+    """`` (n=2, fragile)`` where the evaluation compares fewer than ``FRAGILE_N`` seeds a row, as its
+    verdict says in ``claims.md`` (one degree of freedom at n = 2); else nothing."""
+    if not evaluation.fragile:
+        return ""
+    n = min(min(x.comparison.n_a, x.comparison.n_b) for x in evaluation.lines if x.comparison.tested)
+    return f" (n={n}, fragile)"
 
 
 __all__ = [
@@ -325,6 +334,7 @@ __all__ = [
     "common_steps",
     "curve_keys",
     "format_tokens",
+    "fragile_mark",
     "loss_metric",
     "over_training_lines",
     "primary_claims",

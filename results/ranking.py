@@ -17,7 +17,7 @@ from results.render import code_span, markdown_escape
 from results.stats import diff_text
 
 BASE = "base"
-NO_CLAIM = "not a paper claim: Δ described, untested"
+NO_CLAIM = "Δ described, not tested: no claim sets this row against base"
 
 
 def ranked_rows(results: Results, block: Block) -> list[Row]:
@@ -38,14 +38,21 @@ def base_of(block: Block, row: Row) -> Row | None:
 
 def verdict(row: Row, base: Row | None, evaluations: Sequence[Evaluation], metrics: set[str]) -> str:
     """The verdict of the pairwise claim on the key PPL between ``row`` and ``base`` (either way
-    round), with the claim's name; ``reference`` for the base row itself."""
+    round), with the claim's name; ``reference`` for the base row itself. A row no claim sets
+    against base gets :data:`NO_CLAIM` and the names of the claims that test it against other rows
+    (where claims.md says how it compares), if any."""
     if base is row:
         return "reference"
+    others: list[str] = []
     for e in evaluations:
-        if e.claim.kind != "pairwise" or e.supplementary or e.metric not in metrics or len(e.lines) != 1:
+        involved = {id(e.row), *(id(x.other) for x in e.lines)}
+        if e.claim.kind != "pairwise" or e.supplementary or e.metric not in metrics or id(row) not in involved:
             continue
-        if {id(e.row), id(e.lines[0].other)} == {id(row), id(base)}:
+        if len(e.lines) == 1 and involved == {id(row), id(base)}:
             return f"`{e.claim.id}`: {e.verdict_text}"
+        others.append(f"`{e.claim.id}`")
+    if others:
+        return f"{NO_CLAIM}; tested against other rows in {', '.join(dict.fromkeys(others))}"
     return NO_CLAIM
 
 

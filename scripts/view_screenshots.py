@@ -11,7 +11,8 @@ tests/test_grid_console.py; what the UI draws from it is seen here.
 Without ``--runs-dir`` it logs a small grid (three schemes, two seeds, metrics over 8 steps, a
 sweep parent with its bookkeeping metrics) into a new store. Either way it runs ``mesh-results``
 (which writes the views and tags the runs), serves the store with ``mlflow ui`` on a free port and
-writes ``grouped-table.png``, ``grouped-charts.png``, ``flat-table.png`` and ``parent.png``.
+writes ``grouped-table.png``, ``grouped-charts.png``, ``flat-table.png``, ``parent.png`` and, for the
+best run, ``run.png`` (its page) and ``run-metrics.png`` (its metric charts).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--no-first-run",
     "--hide-scrollbars",
-    "--virtual-time-budget=20000",
+    "--virtual-time-budget=60000",  # the charts wait on metric histories
 )
 SCHEMES = {"base": 60.0, "anchor_emb": 57.0, "mesh": 55.0}  # final validation PPL of seed 0
 
@@ -44,6 +45,8 @@ def small_store(root: Path) -> str:
     """A sqlite store holding experiment ``schemes``: a sweep parent and three schemes x two seeds."""
     import mlflow
     from mlflow.entities import Metric
+
+    from experiments.store.views import finished_run_note, set_run_description
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -59,17 +62,40 @@ def small_store(root: Path) -> str:
             tags.update({"config_hash": f"{scheme}{seed}", "mlflow.parentRunId": parent})
             name = f"{scheme} s{seed} · tiny 1+2R2+1"
             run = client.create_run(experiment, tags={**tags, "mlflow.runName": name}, run_name=name).info.run_id
-            metrics = [Metric(k, v, now, 0) for k, v in (("global_batch", 8.0), ("flops_per_token", 1e6))]
+            facts = {"global_batch": 8.0, "flops_per_token": 1e6, "params_non_embedding": 2e5, "params_total": 1e6}
+            metrics = [Metric(k, v, now, 0) for k, v in facts.items()]
+            ends = {"time/steps_per_s": 4.0 + seed, "time/total_s": 120.0, "val_loss": math.log(final + seed + 1)}
+            ends.update({f"probe/cka_rbf/h{i}/h{j}": 0.5 for i in range(4) for j in range(i + 1, 4)})
+            ends.update({f"probe/update/core{i}/mean": 0.1 * i for i in (1, 2)})
+            metrics += [Metric(k, v, now + 400, 400) for k, v in ends.items()]
             for step in range(50, 401, 50):
-                ppl = final + seed + 400.0 / step
-                metrics += [Metric("val/pile/ppl", ppl, now + step, step), Metric("val_loss", math.log(ppl), now, step)]
+                ppl = final + seed + 4000.0 / step
+                metrics += [Metric("val/pile/ppl", ppl, now + step, step)]
                 metrics += [Metric("val/pile/loss", math.log(ppl), now + step, step)]
                 metrics += [Metric("train/loss", math.log(ppl) + 0.1, now + step, step)]
                 metrics += [Metric("train/tokens_per_s", 9000.0 + 100 * seed, now + step, step)]
                 metrics += [Metric("epoch", step / 100, now + step, step)]
             client.log_batch(run, metrics=metrics)
+            last = {
+                "val/pile/ppl": final + seed + 10.0,
+                "train/loss": math.log(final + seed + 10.0) + 0.1,
+                "steps": 400,
+            }
+            set_run_description(client, run, finished_run_note(last, ["pile"]))  # as train() writes it
             client.set_terminated(run, "FINISHED")
     return uri
+
+
+def best_run(uri: str, experiment_id: str) -> str:
+    """The finished training run of lowest validation loss."""
+    import mlflow
+
+    from experiments.store.views import TRAINING_RUNS_FILTER
+
+    runs = mlflow.MlflowClient(uri).search_runs(
+        [experiment_id], TRAINING_RUNS_FILTER, order_by=["metrics.val_loss ASC"]
+    )
+    return runs[0].info.run_id
 
 
 def free_port() -> int:
@@ -78,7 +104,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def screenshot(url: str, path: Path, height: int = 1100) -> None:
+def screenshot(url: str, path: Path, height: int = 1000) -> None:
     """``url`` drawn 1600 pixels wide and ``height`` high into ``path``, in a fresh browser profile."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         size = f"--window-size=1600,{height}"
@@ -120,10 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.5)
         runs = f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey="
         screenshot(f"{runs}{GROUPED_VIEW}", out / "grouped-table.png")
-        screenshot(f"{runs}{GROUPED_VIEW}&compareRunsMode=CHART", out / "grouped-charts.png", height=2200)
+        screenshot(f"{runs}{GROUPED_VIEW}&compareRunsMode=CHART", out / "grouped-charts.png")
         screenshot(f"{runs}{KEY_METRICS_VIEW}", out / "flat-table.png")
         for page in report.published_pages:
             screenshot(page.replace("http://127.0.0.1:5000", base), out / "parent.png")
+        best = best_run(uri, experiment_id)
+        screenshot(f"{base}/#/experiments/{experiment_id}/runs/{best}?workflowType=machine_learning", out / "run.png")
+        metrics = f"{base}/#/experiments/{experiment_id}/runs/{best}/model-metrics?workflowType=machine_learning"
+        screenshot(metrics, out / "run-metrics.png")
     finally:
         ui.terminate()
         ui.wait(timeout=30)

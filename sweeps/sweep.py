@@ -56,6 +56,7 @@ from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError
 from experiments.plan import InputError, RunPlan
 from experiments.store.sqlite import TrackingError
+from experiments.store.views import ROW_TAG, write_grouped_view
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
 from sweeps.cells import SKIPPED, Cell, CellOutcome
@@ -131,9 +132,9 @@ def run_sweep(
         packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
         shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
         tags = invocation_tags(command, launch)
-        parent = ParentRun.open(
-            name, key, plans[0], sweep_dir, cells, grid_params(name, cells, shared), tags, val_sets(plans)
-        )
+        params = grid_params(name, cells, shared)
+        parent = ParentRun.open(name, key, plans[0], sweep_dir, cells, params, tags, val_sets(plans))
+        write_grouped_view(parent.client, parent.experiment_id, val_sets(plans), grid_group_key(params))
         outcomes: dict[int, CellOutcome] = {}
         pending = []
         for cell, plan, done in zip(cells, plans, finished, strict=True):
@@ -178,6 +179,14 @@ def run_sweep(
         table = summary_table(name, ordered)
         finish(GridEnd(parent, plans[0], sweep_dir, len(cells)), ordered, table, interrupted, out, say_next)
         return exit_code(ordered, interrupted)
+
+
+def grid_group_key(params: dict[str, str]) -> str:
+    """The tag the grouped view folds seeds by while the grid runs, from its axes (the parent's
+    ``grid.<axis>`` params): ``scheme`` where it varies only the scheme and the seed, else
+    :data:`~experiments.store.views.ROW_TAG` (``mesh-results`` decides again from the runs)."""
+    axes = {key.removeprefix("grid.") for key in params if key.startswith("grid.")}
+    return "scheme" if axes <= {"scheme", "seed"} else ROW_TAG
 
 
 DRIVERS = "mesh.sweep"  # entry points: what the results layer adds to mesh-sweep (pyproject.toml)

@@ -19,6 +19,8 @@ from experiments.compose import compose_config
 from experiments.console import PROGRESS_ENV, duration
 from experiments.plan import plan_run
 from experiments.store.views import (
+    ANSWER_HEIGHT,
+    CARD_HEIGHT,
     GROUPED_VIEW,
     KEY_METRICS_VIEW,
     NOTE_TAG,
@@ -27,16 +29,19 @@ from experiments.store.views import (
     SHARED_VIEW_TAG,
     TAG_VALUE_LIMIT,
     grouped_view,
+    is_curve,
     key_metrics_view,
+    read_view,
     run_url,
     runs_list_url,
     set_run_description,
+    single_value_metrics,
     write_grouped_view,
     write_key_metrics_view,
 )
 from sweeps.cells import STATUSES
 from sweeps.grid import expand_cells
-from sweeps.sweep import run_sweep
+from sweeps.sweep import grid_group_key, run_sweep
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 RUNS_PAGE = "#/experiments/{}/runs?workflowType=machine_learning"
@@ -102,23 +107,88 @@ def test_the_key_metrics_view_lists_runs_flat_by_val_loss_and_puts_validation_se
     experiment_id = client.create_experiment("views")
     assert write_key_metrics_view(client, experiment_id, ["shakespeare"]) == KEY_METRICS_VIEW
     stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + KEY_METRICS_VIEW]
-    assert json.loads(stored) == key_metrics_view(["shakespeare"])
+    assert read_view(stored) == key_metrics_view(["shakespeare"])
 
 
 def test_the_views_chart_speed_in_its_own_section_and_no_bookkeeping_metric():
     """train/tokens_per_s sits in the Speed section; the metrics that say how a run or grid was set
-    up (the parent's cells_<status> for every status a cell can end in, epoch, global_batch...) have
-    a deleted chart, which the UI keeps instead of generating one."""
+    up (the parent's cells_<status> for every status a cell can end in, epoch, global_batch...) and
+    the single values (parameter counts, timings, val_loss) have a deleted chart, which the UI keeps
+    instead of generating one."""
     for view in (key_metrics_view(["shakespeare"]), grouped_view(["shakespeare"], "scheme")):
         sections = {s["name"]: s["uuid"] for s in view["compareRunSections"]}
-        charts = {c["metricKey"]: c for c in view["compareRunCharts"]}
-        speed = {m for m, c in charts.items() if c["metricSectionId"] == sections["Speed"] and not c["deleted"]}
-        assert speed == {"train/tokens_per_s", "time/steps_per_s"}
-        hidden = {m for m, c in charts.items() if c["deleted"]}
+        charts = view["compareRunCharts"]
+        speed = {c["metricKey"] for c in charts if c["metricSectionId"] == sections["Speed"] and not c["deleted"]}
+        assert speed == {"train/tokens_per_s"}
+        hidden = {c["metricKey"] for c in charts if c["deleted"]}
         assert {"epoch", "global_batch", "flops_per_token", "cells_failed", "cells_pruned"} <= hidden
         assert {f"cells_{status.lower()}" for status in STATUSES} <= hidden
-        assert not hidden & {"val_loss", "lr", "train/loss", "val/shakespeare/ppl", "params_non_embedding"}
-        assert all(c["type"] == "LINE" and c["uuid"] for c in charts.values())
+        assert {"val_loss", "params_non_embedding", "time/steps_per_s", "val/shakespeare/loss"} <= hidden
+        assert not hidden & {"lr", "train/loss", "val/shakespeare/ppl"}
+        # The UI orders metric columns by name: only train/loss before the validation PPL.
+        metrics = sorted(c for c in view["selectedColumns"] if c.startswith("metrics."))
+        assert metrics[:2] == ["metrics.`train/loss`", "metrics.`val/shakespeare/ppl`"]
+
+
+def test_the_views_open_on_validation_ppl_over_steps_on_a_log_axis_beside_its_final_values():
+    """The first section is the main validation set's, two charts a row and taller than the UI's
+    default: its PPL over steps on a log y axis, then a bar chart of each run's final PPL; training
+    loss on a log axis too; every chart draws every run (up to 100), not the UI's first 10."""
+    view = grouped_view(["shakespeare", "kjv"], "scheme")
+    first, second = view["compareRunSections"][:2]
+    assert (first["name"], first["columns"], first["cardHeight"]) == ("val/shakespeare", 2, ANSWER_HEIGHT)
+    assert (second["name"], second["cardHeight"]) == ("val/kjv", CARD_HEIGHT) and ANSWER_HEIGHT > CARD_HEIGHT
+    shown = [c for c in view["compareRunCharts"] if not c["deleted"]]
+    in_first = [(c["type"], c["metricKey"]) for c in shown if c["metricSectionId"] == first["uuid"]]
+    assert in_first == [("LINE", "val/shakespeare/ppl"), ("BAR", "val/shakespeare/ppl")]
+    lines = {c["metricKey"]: c for c in shown if c["type"] == "LINE"}
+    assert lines["val/shakespeare/ppl"]["scaleType"] == lines["train/loss"]["scaleType"] == "log"
+    assert lines["val/shakespeare/ppl"]["xAxisKey"] == "step"
+    assert lines["train/tokens_per_s"]["scaleType"] == "linear"
+    assert {c["runsCountToCompare"] for c in view["compareRunCharts"]} == {100}
+    assert len({c["uuid"] for c in view["compareRunCharts"]}) == len(view["compareRunCharts"])
+
+
+def test_the_views_chart_out_the_probes_and_other_single_values_a_store_holds(tmp_path):
+    """Written to a store, a view lists a deleted chart for every metric of its training runs that
+    is not a curve (probes, downstream accuracies), so a run's ~50 probe values draw no chart; the
+    curves (validation PPL, training and routing metrics, the learning rate) keep theirs. The
+    tag is the UI's compressed form: with every probe listed it is longer than a plain tag may be."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("views")
+    probes = [f"probe/cka_rbf/h{i}/h{j}" for i in range(12) for j in range(i + 1, 12)]  # 66
+    curves = ["val/pile/ppl", "train/loss", "routing/coef/h1/emb/mean", "lr"]
+    run_id = client.create_run(experiment_id, tags={"seed": "0", "scheme": "mesh"}).info.run_id
+    parent = client.create_run(experiment_id, tags={"kind": "sweep"}).info.run_id
+    for key in [*probes, *curves, "eval/0shot/hellaswag/acc", "val/pile/loss"]:
+        client.log_metric(run_id, key, 0.5, step=0)
+    client.log_metric(parent, "cells_finished", 1.0)
+    write_grouped_view(client, experiment_id, ["pile"], "scheme")
+    stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW]
+    assert stored.startswith("deflate;") and len(json.dumps(read_view(stored))) > 20_000  # MLflow's limit
+    hidden = {c["metricKey"] for c in read_view(stored)["compareRunCharts"] if c["deleted"]}
+    assert {*probes, "eval/0shot/hellaswag/acc", "val/pile/loss"} <= hidden and not hidden & set(curves)
+    assert is_curve("val/pile/ppl") and not is_curve("val/pile/loss") and not is_curve("probe/erank/h1")
+    assert single_value_metrics(["lr", "probe/samples", "epoch", "probe/samples"]) == ["probe/samples"]
+
+
+def test_a_grid_folds_its_seeds_by_scheme_from_its_start_where_only_the_scheme_and_seed_vary():
+    assert grid_group_key({"sweep": "s", "grid.scheme": "base,mesh", "grid.seed": "0,1"}) == "scheme"
+    assert grid_group_key({"sweep": "s", "grid.scheme": "mesh", "grid.layout": "a,b"}) == ROW_TAG
+    assert grid_group_key({"sweep": "s", "cells": "1"}) == "scheme"
+
+
+def test_the_installed_mlflow_ui_reads_a_compressed_view_and_the_chart_fields_the_views_set():
+    """The compressed tag value (``deflate;`` + base64 of zlib's deflate, pako's format), the
+    section's columns and card height, the line chart's scale type, read in the UI bundle of the
+    installed MLflow, so an upgrade that changes them fails here."""
+    build = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    bundle = "".join(path.read_text(errors="replace") for path in build.glob("*.js"))
+    assert 'f="deflate;"' in bundle and 'return t.inflate(e,{to:"string"})' in bundle
+    assert "null!==(d=t.columns)&&void 0!==d?d:3" in bundle and "null!==(u=t.cardHeight)&&void 0!==u?u:360" in bundle
+    assert 'this.xAxisScaleType="linear",this.scaleType="linear"' in bundle
+    assert 'this.type=c.BAR,this.metricKey=""' in bundle
+    assert CARD_HEIGHT == 360
 
 
 def test_the_views_filters_select_the_training_runs_and_the_grouped_one_its_finished_runs(tmp_path):
@@ -152,7 +222,7 @@ def test_the_grouped_view_folds_seeds_by_the_given_tag_ranked_by_validation_ppl(
     experiment_id = client.create_experiment("views")
     assert write_grouped_view(client, experiment_id, ["shakespeare"], "scheme") == GROUPED_VIEW
     stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW]
-    assert json.loads(stored) == grouped_view(["shakespeare"], "scheme")
+    assert read_view(stored) == grouped_view(["shakespeare"], "scheme")
 
 
 def test_the_installed_mlflow_ui_reads_a_shared_view_from_that_tag_as_plain_json():
@@ -316,6 +386,9 @@ def test_a_grid_in_a_log_says_each_start_and_end_and_its_parent_run_says_what_th
     assert f"results: mesh-results schemes --runs-dir {runs}\n" in text.replace(f"{Path(sys.executable).parent}/", "")
     assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id, KEY_METRICS_VIEW)}")
     assert SHARED_VIEW_TAG + KEY_METRICS_VIEW in client.get_experiment(experiment_id).tags
+    # The grouped view, written when the grid started (no mesh-results ran): seeds folded by scheme.
+    grouped = read_view(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])
+    assert grouped["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "scheme"}]
 
     # The parent: params (what the grid is), tags (how it was run), counts as each cell ended,
     # the table as its description, the summary as its artifact.

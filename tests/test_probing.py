@@ -21,7 +21,13 @@ from experiments.data.prepare import prepare
 from experiments.plan import InputError
 from experiments.probing.callback import ProbeCallback, held_out_batches, probe_callbacks
 from experiments.probing.cli import main as probe_main
-from experiments.probing.files import load_report, report_from_dict, report_to_dict, write_probe_files
+from experiments.probing.files import (
+    load_report,
+    read_probe_table,
+    report_from_dict,
+    report_to_dict,
+    write_probe_files,
+)
 from experiments.probing.state_routing import StateRoutingCallback, state_routing_metrics
 from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
@@ -95,7 +101,7 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
 
     for folder in ("probes/step10", "probes/final"):
         sizes = artifact_sizes(run.client, run.run_id, folder)
-        assert set(FIGURES) | {"probes.json"} <= set(sizes)
+        assert set(FIGURES) | {"probes.json", "probes.csv"} <= set(sizes)
         assert all(sizes[name] > 1024 for name in FIGURES)
     local = run.client.download_artifacts(run.run_id, "probes/final/probes.json", str(tmp_path))
     saved = json.loads(Path(local).read_text())
@@ -237,8 +243,14 @@ def test_callback_probes_on_rank_zero_only_restores_train_mode_and_survives_erro
     callback.on_train_end(trainer, SimpleNamespace(model=model))
     assert model.training and all(p.grad is None for p in model.parameters())
     for folder in ("step7", "final"):
-        assert {p.name for p in (tmp_path / "probes" / folder).iterdir()} == {*FIGURES, "probes.json"}
+        assert {p.name for p in (tmp_path / "probes" / folder).iterdir()} == {*FIGURES, "probes.json", "probes.csv"}
     assert load_report(tmp_path / "probes" / "final").samples == 8
+    # probes.csv: the values of probes.json's metrics as a table, one row each, by name.
+    table = read_probe_table(tmp_path / "probes" / "final" / "probes.csv")
+    saved = json.loads((tmp_path / "probes" / "final" / "probes.json").read_text())["metrics"]
+    assert list(table) == sorted(saved) and table == pytest.approx(
+        {k: math.nan if v is None else v for k, v in saved.items()}, nan_ok=True
+    )
     # A probe that fails warns and leaves the run alone.
     trainer.datamodule, trainer.global_step = None, 8
     with pytest.warns(UserWarning, match="probes failed at step 8: AttributeError"):

@@ -7,7 +7,6 @@ synthetic mixture-of-experts rows beside a dense one (active parameters, routing
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
@@ -31,6 +30,8 @@ from experiments.store.views import (
     SHARED_VIEW_TAG,
     grouped_view,
     key_metrics_view,
+    logged_metrics,
+    read_view,
 )
 from mesh_model.probe_names import scheme_color
 from results.aggregate import Stat, aggregate
@@ -341,7 +342,8 @@ def test_the_report_opens_with_each_blocks_ranking_by_ppl_with_delta_vs_base_and
     assert ci == f"[{welch.low:+.3f}, {welch.high:+.3f}]"
     assert rows[0][4] == "`mesh_below_base`: holds (n=2, fragile)"
     assert rows[1][4] == "`base_worse_than_vanilla`: holds"  # vanilla against base, the claim either way round
-    assert rows[2][4] == "not a paper claim: Δ described, untested" and rows[-1][3:] == ["—", "reference"]
+    assert rows[2][4] == "Δ described, not tested: no claim sets this row against base"
+    assert rows[-1][3:] == ["—", "reference"]
 
 
 def test_the_methods_are_said_once_at_the_end_and_the_probe_table_is_an_appendix(synthetic):
@@ -382,9 +384,9 @@ def test_runs_are_coloured_by_scheme_tagged_with_their_row_and_grouped_by_row_wh
     assert rows["tiny-1+2R2+1-base-s0"] == "base 1+2R2+1 · tiny" != rows["pythia-410m-4+8R2+4-base-s0"]
     assert rows["failed-run"] is None and rows["unfinished-run"] is None  # in no row of the table
     views = client.get_experiment(experiment.experiment_id).tags
-    grouped = json.loads(views[SHARED_VIEW_TAG + GROUPED_VIEW])
-    assert grouped == grouped_view(["pile"], ROW_TAG)
-    assert json.loads(views[SHARED_VIEW_TAG + KEY_METRICS_VIEW]) == key_metrics_view(["pile"])
+    logged = logged_metrics(client, experiment.experiment_id)
+    assert read_view(views[SHARED_VIEW_TAG + GROUPED_VIEW]) == grouped_view(["pile"], ROW_TAG, logged)
+    assert read_view(views[SHARED_VIEW_TAG + KEY_METRICS_VIEW]) == key_metrics_view(["pile"], logged)
 
 
 def test_a_run_logged_before_its_seed_was_a_tag_gets_the_tag_so_the_views_select_it(tmp_path_factory):
@@ -416,7 +418,7 @@ def test_a_grid_of_schemes_only_is_grouped_by_scheme_and_its_parent_note_starts_
     out = tmp_path / "report"
     assert main(["schemes_only", "--tracking-uri", uri, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    grouped = json.loads(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])
+    grouped = read_view(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])
     assert grouped["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "scheme"}]
     note = client.get_run(parent).data.tags["mlflow.note.content"]
     ranking = (out / "report.md").read_text().split("## Ranking\n\n", 1)[1].split("\n\n## ", 1)[0]

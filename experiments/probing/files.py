@@ -7,6 +7,7 @@ the report's under ``metrics``, and ``probe_routing`` (PNG and SVG) is drawn bes
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,7 @@ from mesh_model.probes import ProbeReport
 
 PROBE_DIR = "probes"
 REPORT_FILE = "probes.json"
+TABLE_FILE = "probes.csv"  # every probe value, one row each: the run page's Artifacts tab shows it as a table
 FORMAT = 3  # 1: core updates were h(t-1) -> h(t), one CKA estimator, no floors; 2: no norms,
 # normalised updates or permutation floors
 
@@ -143,15 +145,30 @@ def load_routing(path: str | Path) -> RoutingReport | None:
     return routing_from_dict(data["routing"]) if "routing" in data else None
 
 
+def write_probe_table(metrics: dict[str, float | None], path: Path) -> Path:
+    """``probes.csv``: a ``metric,value`` row per probe metric, by name (an empty value for NaN)."""
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["metric", "value"])
+        writer.writerows((key, "" if value is None else repr(value)) for key, value in sorted(metrics.items()))
+    return path
+
+
+def read_probe_table(path: str | Path) -> dict[str, float]:
+    """The metrics :func:`write_probe_table` wrote (NaN where empty)."""
+    with Path(path).open(newline="") as file:
+        return {row["metric"]: float(row["value"] or "nan") for row in csv.DictReader(file)}
+
+
 def write_probe_files(
     report: ProbeReport, out_dir: str | Path, routing: RoutingReport | None = None, **extra: Any
 ) -> list[Path]:
-    """The figures (PNG + SVG) and ``probes.json`` of ``report`` (and of a MoE run's ``routing``)
-    in ``out_dir``; returns the paths."""
+    """The figures (PNG + SVG), ``probes.json`` and ``probes.csv`` (every probe value, a table) of
+    ``report`` (and of a MoE run's ``routing``) in ``out_dir``; returns the paths."""
     out = Path(out_dir)
     paths = [path for group in plot_report(report, out).values() for path in group]
     if routing is not None:
         paths += plot_routing(routing.blocks, out, chance=chance_jaccard(routing.experts, routing.top_k))
     data = report_to_dict(report, routing, **extra)
     (out / REPORT_FILE).write_text(json.dumps(data, indent=1, allow_nan=False))
-    return [*paths, out / REPORT_FILE]
+    return [*paths, out / REPORT_FILE, write_probe_table(data["metrics"], out / TABLE_FILE)]

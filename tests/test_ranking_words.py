@@ -1,0 +1,34 @@
+"""The ranking's verdict column for a row no claim sets against base: says so, and names the claims
+that test the row against other rows, where claims.md says how it compares."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from results.ranking import NO_CLAIM, verdict
+
+PPL = "val/pile/ppl"
+
+
+def evaluation(claim: str, row, others, verdict_text: str = "holds", metric: str = PPL):
+    lines = [SimpleNamespace(other=o) for o in others]
+    kind = SimpleNamespace(id=claim, kind="pairwise")
+    return SimpleNamespace(
+        claim=kind, supplementary=False, metric=metric, row=row, lines=lines, verdict_text=verdict_text
+    )
+
+
+def test_the_best_row_untested_against_base_names_the_claims_that_test_it():
+    base, anchor, anchor_emb, mesh = (SimpleNamespace(label=x) for x in ("base", "anchor", "anchor_emb", "mesh"))
+    claims = [
+        evaluation("mesh_below_base", mesh, [base]),
+        evaluation("mesh_below_anchor", mesh, [anchor], "contradicted"),
+        evaluation("mesh_best_of_skips", mesh, [anchor, anchor_emb]),
+        evaluation("mesh_below_anchor_loss", mesh, [anchor], metric="val/pile/loss"),  # not the key metric
+    ]
+    said = verdict(anchor, base, claims, {PPL})
+    assert said == f"{NO_CLAIM}; tested against other rows in `mesh_below_anchor`, `mesh_best_of_skips`"
+    assert NO_CLAIM == "Δ described, not tested: no claim sets this row against base"
+    assert verdict(mesh, base, claims, {PPL}) == "`mesh_below_base`: holds"
+    assert verdict(SimpleNamespace(label="residual"), base, claims, {PPL}) == NO_CLAIM
+    assert verdict(base, base, claims, {PPL}) == "reference"
