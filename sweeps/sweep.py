@@ -134,7 +134,8 @@ def run_sweep(
         tags = invocation_tags(command, launch)
         params = grid_params(name, cells, shared)
         parent = ParentRun.open(name, key, plans[0], sweep_dir, cells, params, tags, val_sets(plans))
-        write_grouped_view(parent.client, parent.experiment_id, val_sets(plans), grid_group_key(params))
+        # the view the closing lines link to: seeds folded under one row per group from the start
+        parent.view = write_grouped_view(parent.client, parent.experiment_id, val_sets(plans), grid_group_key(params))
         outcomes: dict[int, CellOutcome] = {}
         pending = []
         for cell, plan, done in zip(cells, plans, finished, strict=True):
