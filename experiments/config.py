@@ -12,6 +12,7 @@ Every dataclass has one ``validate()`` that raises a one-line :class:`ConfigErro
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -316,10 +317,15 @@ class TrainConfig:
         """The model axes (``model``, ``layout``, ``scheme``, ``buffer_slots``, ``model_overrides``) by name."""
         return {name: getattr(self, name) for name in MODEL_AXES}
 
-    def model_config(self) -> ModelConfig:
-        """The run's model, resolved from its model axes (``scheme=vanilla`` included): a
-        ``ConfigError`` naming the axis for a bad one."""
-        return model_config_for(self.model_axes())
+    def model_config(self, vocab_size: int | None = None) -> ModelConfig:
+        """The run's model, resolved from its model axes (``scheme=vanilla`` included; ``vocab_size``,
+        the tokenizer's, unless ``model_overrides`` sets one): a ``ConfigError`` naming the axis for a bad one."""
+        return model_config_for(self.model_axes(), vocab_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run's config as it is logged, hashed (experiments/identity.py) and written to
+        ``config.yaml``: every field, each group a nested dict. Always derived from this object."""
+        return dataclasses.asdict(self)
 
 
 # The schema of each group; the options are the YAML files of experiments/conf/<group>/.

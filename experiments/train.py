@@ -83,7 +83,6 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from experiments.data.cache import atomic_path
-    from experiments.identity import model_config_for
     from experiments.plan import launched_rank, padded_vocab
 
     prepared = _prepare_data(plan)
@@ -95,7 +94,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     from experiments.data.datamodule import TokenDataModule
     from experiments.trainer import build_module, build_trainer, run_callbacks
 
-    model_config = model_config_for(plan.config, padded_vocab(prepared.vocab_size))
+    model_config = plan.train.model_config(padded_vocab(prepared.vocab_size))
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     record = _open_record(plan, model_config) if launched_rank() == 0 else None  # rank 0 owns the run
