@@ -18,8 +18,8 @@ from experiments.compose import compose_config, group_options
 from experiments.overrides import OverrideError, check_overrides, parse_overrides
 from experiments.plan import RunPlan, plan_run, with_seed
 from mesh_model import ConfigError, did_you_mean
+from sweeps.catalogue import sweep_names
 from sweeps.cells import Cell
-from sweeps.grids import sweep_names
 from sweeps.launch.base import ResourcesConfig
 from sweeps.launch.config import CONFIG_MODULE, LAUNCHERS, LaunchConfig, register_launch_configs
 

@@ -14,8 +14,8 @@ from experiments.compose import compose_config
 from experiments.plan import plan_run
 from mesh_model import PRESETS
 from mesh_model.scheme_names import PAPER_SCHEMES
+from sweeps.catalogue import sweep_names
 from sweeps.grid import expand_cells
-from sweeps.grids import sweep_names
 
 PINNED = json.loads((Path(__file__).parent / "run_hashes.json").read_text())
 SEARCH_BASE = "(search base)"
