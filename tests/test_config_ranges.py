@@ -301,3 +301,10 @@ def test_every_ranged_field_has_a_row(schema):
         if str(f.type) not in ("bool",) and f.name not in UNRANGED.get(schema.__name__, set())
     }
     assert ranged - covered == set()
+
+
+@pytest.mark.parametrize("devices", [1, 4, -1, "auto", "2", "-1", "0,1", [0, 1], [3]])
+def test_every_form_of_devices_lightning_takes_passes(devices):
+    train = run_config()
+    train.trainer.devices = devices
+    train.validate()
