@@ -48,11 +48,13 @@ test-gpu: setup
 	$(PY) -m pip install -q -e ".[gpu]"
 	$(PY) -m pytest -q -n 0 tests/gpu
 
-# ruff, and the layers contract results -> sweeps -> experiments -> mesh_model (pyproject.toml).
+# ruff, the layers contract results -> sweeps -> experiments -> mesh_model, and mypy (unreachable
+# code included) on the modules that define and validate input ([tool.mypy] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

@@ -4,7 +4,8 @@
 * ``compose``, ``overrides``: composing configs from any process; one-line answers for bad overrides;
 * ``identity``: what makes two runs the same run (the run hash, table rows, ``scheme=vanilla``);
 * ``plan``, ``store.check``: every input (the MLflow store and the step's memory included) checked
-  and the run's identity decided, before compute;
+  and the run's identity decided, before compute; ``hardware``: what this machine has (free
+  memory, devices, the process's rank);
 * ``train``: ``mesh-train`` (``train(cfg) -> result``); ``trainer``: the Lightning Trainer and callbacks;
 * ``lit_module``, ``schedule``: the paper's optimisation recipe around the model;
 * ``callbacks/``: atomic checkpoints, wall-time accounting, Optuna pruning;

@@ -12,6 +12,8 @@ Every dataclass has one ``validate()`` that raises a one-line :class:`ConfigErro
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,19 +21,47 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from experiments.data.config import DataConfig
-from experiments.identity import canonical_variant
-from mesh_model import ConfigError, did_you_mean
+from experiments.identity import MODEL_AXES, canonical_variant, model_config_for
+from mesh_model import ConfigError, ModelConfig, did_you_mean
 from mesh_model.scheme_names import NAMED_SCHEMES, UNKNOWN_SCHEME
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 PRUNERS = ("median", "none")
 DIRECTIONS = ("minimize", "maximize")
+# Lightning's precision settings (``trainer.precision``; null picks one, see TrainerConfig)
+PRECISIONS = (
+    "64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed",
+    "transformer-engine", "transformer-engine-float16", "64", "32", "16", "bf16",
+)  # fmt: skip
+LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_SEED = 2**32 - 1  # numpy's (and Lightning's seed_everything's) largest seed
 
 
 def _at_least(field_name: str, value: Any, low: int | float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= low:
         raise ConfigError(field_name, value, f"must be >= {low}")
+
+
+def _check_devices(devices: Any) -> None:
+    """Lightning's ``devices``: ``auto``, a count >= 1 (-1: every one), or device indices (a list or ``"0,1"``)."""
+    allowed = "auto, a count >= 1 (-1: every device), or device indices such as [0, 1] or '0,1'"
+    if isinstance(devices, str):
+        text = devices.strip()
+        parts = text.split(",")
+        if text == "auto" or (text.lstrip("-").isdigit() and int(text) != 0 and int(text) >= -1):
+            return
+        if len(parts) > 1 and all(p.strip().isdigit() for p in parts if p.strip()):
+            return
+        raise ConfigError("trainer.devices", devices, allowed)
+    if isinstance(devices, bool):
+        raise ConfigError("trainer.devices", devices, allowed)
+    if isinstance(devices, int):
+        if devices >= 1 or devices == -1:
+            return
+        raise ConfigError("trainer.devices", devices, allowed)
+    indices = list(devices) if isinstance(devices, Sequence) else None
+    if not indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+        raise ConfigError("trainer.devices", indices if indices is not None else devices, allowed)
 
 
 @dataclass
@@ -52,7 +82,10 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.accelerator not in ACCELERATORS:
             raise ConfigError("trainer.accelerator", self.accelerator, f"use one of {', '.join(ACCELERATORS)}")
+        _check_devices(self.devices)
         _at_least("trainer.num_nodes", self.num_nodes, 1)
+        if self.precision is not None and str(self.precision) not in PRECISIONS:
+            raise ConfigError("trainer.precision", self.precision, f"use null or one of {', '.join(PRECISIONS)}")
         _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
 
     @property
@@ -204,6 +237,12 @@ class SearchConfig:
         if self.pruner not in PRUNERS:
             raise ConfigError("search.pruner", self.pruner, f"use {' or '.join(PRUNERS)}")
         _at_least("search.pruner_startup_trials", self.pruner_startup_trials, 0)
+        if isinstance(self.sampler_seed, bool) or not isinstance(self.sampler_seed, int):
+            raise ConfigError("search.sampler_seed", self.sampler_seed, f"an integer from 0 to {MAX_SEED}")
+        if not 0 <= self.sampler_seed <= MAX_SEED:
+            raise ConfigError("search.sampler_seed", self.sampler_seed, f"an integer from 0 to {MAX_SEED}")
+        if self.trial_id is not None:
+            _at_least("search.trial_id", self.trial_id, 0)
 
 
 @dataclass
@@ -249,7 +288,7 @@ class TrainConfig:
     DEFAULT_MAX_STEPS: ClassVar[int] = 200
 
     def validate(self) -> None:
-        """Every field of the run, its groups included; the model axes are checked by ModelConfig."""
+        """Every field of the run, its groups and its model included, in one pass (no early return)."""
         for name in ("val_every", "log_every", "checkpoint_every"):
             _at_least(name, getattr(self, name), 1)
         if self.max_steps is not None:
@@ -268,8 +307,25 @@ class TrainConfig:
             raise ConfigError("seed", self.seed, f"seeds are integers from 0 to {MAX_SEED}")
         if not self.runs_dir:
             raise ConfigError("runs_dir", self.runs_dir, "give a folder for the runs (default: runs)")
+        if self.log_level is not None and str(self.log_level).lower() not in LOG_LEVELS:
+            raise ConfigError("log_level", self.log_level, f"use null (warning) or one of {', '.join(LOG_LEVELS)}")
         for part in (self.data, self.trainer, self.optim, self.tracking, self.probes, self.search):
             part.validate()
+        self.model_config()
+
+    def model_axes(self) -> dict[str, Any]:
+        """The model axes (``model``, ``layout``, ``scheme``, ``buffer_slots``, ``model_overrides``) by name."""
+        return {name: getattr(self, name) for name in MODEL_AXES}
+
+    def model_config(self, vocab_size: int | None = None) -> ModelConfig:
+        """The run's model, resolved from its model axes (``scheme=vanilla`` included; ``vocab_size``,
+        the tokenizer's, unless ``model_overrides`` sets one): a ``ConfigError`` naming the axis for a bad one."""
+        return model_config_for(self.model_axes(), vocab_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run's config as it is logged, hashed (experiments/identity.py) and written to
+        ``config.yaml``: every field, each group a nested dict. Always derived from this object."""
+        return dataclasses.asdict(self)
 
 
 # The schema of each group; the options are the YAML files of experiments/conf/<group>/.

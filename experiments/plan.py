@@ -6,12 +6,11 @@ Each check answers in one line (``InputError``, ``ConfigError`` or ``TrackingErr
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +19,13 @@ from experiments.config import MAX_SEED, OptimConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
 from experiments.data.corpora import check_text_files
 from experiments.data.indexed import check_indexed
+from experiments.hardware import (
+    available_memory,
+    known_processes,
+    launched_rank,
+    processes_per_node,
+    runs_on_accelerator,
+)
 from experiments.identity import config_hash, model_config_for, run_key, run_key_suffix
 from experiments.store.check import check_runs_dir, check_tracking_uri
 from experiments.store.sqlite import resolve_tracking_uri
@@ -52,11 +58,9 @@ class MemoryLimit:
 
 @dataclass
 class RunPlan:
-    """A checked run: its config (as logged and hashed, and as the validated dataclass to read
-    settings from), model, store and identity."""
+    """A checked run: its config (the validated dataclass, its budget resolved), model, store and identity."""
 
-    config: dict[str, Any]  # the resolved config: what the run logs, hashes and writes to config.yaml
-    train: TrainConfig  # the same, validated and typed: read a setting from here
+    train: TrainConfig  # the one source of every setting inside a run
     model_config: ModelConfig
     peak_lr: float
     tracking_uri: str
@@ -66,6 +70,12 @@ class RunPlan:
     memory: MemoryEstimate  # one training step's estimate, per process
     budget: StepBudget  # the global batch, accumulation, steps and tokens
     alone: bool = False  # on an accelerator or several processes (DDP): never packed with other runs
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved config as a dict, derived from :attr:`train`: what the run logs, hashes and
+        writes to ``config.yaml``."""
+        return self.train.to_dict()
 
     @property
     def result_file(self) -> Path:
@@ -102,12 +112,7 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     the user's data files, ``runs_dir`` and the store) and decide the run's identity; touches no
     model or data, creates nothing. The step's memory is checked against ``memory`` where the run
     executes elsewhere (a SLURM job), else against this machine's."""
-    config, train, model_config, budget = _read_config(cfg)
-    # What the budget decided is the config from here on (and so the run's hash: a run of
-    # tokens=... is the run of the max_steps it comes to; tokens and global_batch themselves are
-    # left out of the hash, experiments/identity.py).
-    config["max_steps"] = train.max_steps = budget.max_steps
-    config["trainer"]["accumulate_grad_batches"] = train.trainer.accumulate_grad_batches = budget.accumulate
+    train, model_config, budget = _read_config(cfg)
     if train.data.seq_len > model_config.max_seq_len:
         raise InputError(
             f"data.seq_len={train.data.seq_len} is invalid: the model's max_seq_len is {model_config.max_seq_len} "
@@ -128,9 +133,8 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     runs_dir = Path(train.runs_dir).expanduser().resolve()
     tracking_uri = resolve_tracking_uri(train.tracking.tracking_uri, runs_dir, os.environ)
     check_tracking_uri(tracking_uri, allow_damaged=train.tracking.rebuild_store)
-    digest = config_hash(config, model_config)
+    digest = config_hash(train.to_dict(), model_config)
     return RunPlan(
-        config=config,
         train=train,
         model_config=model_config,
         peak_lr=train.optim.peak_lr(train.scheme, PRESETS[train.model].lr),
@@ -141,26 +145,28 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
         memory=estimate,
         budget=budget,
         alone=runs_on_accelerator(train.trainer)
-        or _processes(train.trainer.devices, False) > 1
+        or processes_per_node(train.trainer.devices, False) > 1
         or train.trainer.num_nodes > 1,
     )
 
 
-def _read_config(cfg: DictConfig) -> tuple[dict[str, Any], TrainConfig, ModelConfig, StepBudget]:
-    """(the resolved config, its dataclass, the model, the step budget), every field checked."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(config, dict)
-    train: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+def _read_config(cfg: DictConfig) -> tuple[TrainConfig, ModelConfig, StepBudget]:
+    """(the run's dataclass with its budget resolved, the model, the step budget), every field checked.
+
+    What the budget decides (``max_steps``, ``trainer.accumulate_grad_batches``) is the config from
+    here on, and so the run's hash: a run of ``tokens=...`` is the run of the max_steps it comes to
+    (``tokens`` and ``global_batch`` themselves are left out of the hash, experiments/identity.py)."""
+    given = OmegaConf.to_object(cfg)
+    assert isinstance(given, TrainConfig)
     try:
-        train.validate()
+        given.validate()
+        model_config = given.model_config()
+        budget = step_budget(given, known_processes(given.trainer))
     except ConfigError as error:
         raise InputError(str(error)) from None
-    model_config = model_config_for(config)
-    try:
-        budget = step_budget(train, known_processes(train.trainer))
-    except ConfigError as error:
-        raise InputError(str(error)) from None
-    return config, train, model_config, budget
+    trainer = dataclasses.replace(given.trainer, accumulate_grad_batches=budget.accumulate)
+    train = dataclasses.replace(given, max_steps=budget.max_steps, trainer=trainer)
+    return train, model_config, budget
 
 
 def estimate_run(cfg: DictConfig) -> RunCost:
@@ -168,7 +174,7 @@ def estimate_run(cfg: DictConfig) -> RunCost:
     its fields, model and budget checked as :func:`plan_run` checks them, but no memory, data or
     store check, so a grid can say what it costs before its cells are planned. The model has the
     vocabulary the run's tokenizer will give it, where that is known."""
-    _, train, model_config, budget = _read_config(cfg)
+    train, model_config, budget = _read_config(cfg)
     vocab = _expected_vocab(train)
     model_config = model_config.replace(vocab_size=vocab) if vocab else model_config
     param_bytes = precision_bytes(train.trainer.resolved_precision)[1]
@@ -181,12 +187,10 @@ def with_seed(plan: RunPlan, seed: int) -> RunPlan:
     each distinct config once this way (composing and checking took ~0.2 s per cell)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise InputError(str(ConfigError("seed", seed, f"seeds are integers from 0 to {MAX_SEED}")))
-    config = copy.deepcopy(plan.config)
-    config["seed"] = seed
-    digest = config_hash(config, plan.model_config)
-    run_dir = run_dir_for(plan.run_dir.parent, plan.model_config, seed, digest)
     train = dataclasses.replace(plan.train, seed=seed)
-    return dataclasses.replace(plan, config=config, train=train, config_hash=digest, run_dir=run_dir)
+    digest = config_hash(train.to_dict(), plan.model_config)
+    run_dir = run_dir_for(plan.run_dir.parent, plan.model_config, seed, digest)
+    return dataclasses.replace(plan, train=train, config_hash=digest, run_dir=run_dir)
 
 
 def run_dir_for(experiment_dir: Path, model_config: ModelConfig, seed: int, digest: str) -> Path:
@@ -222,8 +226,9 @@ def other_lengths(plan: RunPlan) -> list[OtherLength]:
         if folder == plan.run_dir or not (folder / "config.yaml").is_file():
             continue
         try:
-            config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
-            assert isinstance(config, dict)
+            config = cast(
+                "dict[str, Any]", OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
+            )
             steps = config["max_steps"]
             if steps == plan.train.max_steps:
                 continue
@@ -267,6 +272,7 @@ def check_memory(
     # and a refusal on one rank alone would leave the rest waiting for it.
     if train.allow_large or launched_rank() != 0:
         return estimate
+    found: tuple[float, str] | None
     if available is None:
         found = available_memory("gpu" if on_gpu else trainer.accelerator)
     elif isinstance(available, MemoryLimit):
@@ -276,7 +282,7 @@ def check_memory(
     if found is None:
         return estimate
     free, where = found
-    processes = 1 if on_gpu else _processes(trainer.devices, on_gpu)
+    processes = 1 if on_gpu else processes_per_node(trainer.devices, on_gpu)
     if processes * estimate.total <= free:
         return estimate
     per = f"{processes} processes x " if processes > 1 else ""
@@ -291,11 +297,6 @@ def check_memory(
     )
 
 
-def runs_on_accelerator(trainer: TrainerConfig) -> bool:
-    """Whether the run trains on a GPU (``trainer.accelerator`` gpu/cuda, or auto with CUDA present)."""
-    return trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and _cuda_available())
-
-
 def precision_bytes(precision: str) -> tuple[int, int]:
     """(bytes of an activation, bytes of a parameter) under a Lightning precision setting."""
     text = str(precision)
@@ -306,94 +307,6 @@ def precision_bytes(precision: str) -> tuple[int, int]:
     if text.startswith("64"):
         return 8, 8
     return 4, 4
-
-
-def available_memory(accelerator: str) -> tuple[int, str] | None:
-    """(bytes free, where) for the accelerator: the GPU's free memory (``torch.cuda.mem_get_info``
-    of this process's local rank), or the RAM the kernel says is available (``MemAvailable``,
-    capped by a cgroup limit); None where it cannot be known."""
-    if accelerator in ("gpu", "cuda"):
-        if not _cuda_available():
-            return None
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", "0")))
-        return free, " on the GPU"
-    if accelerator not in ("cpu", "auto"):
-        return None
-    ram = _mem_available()
-    return (ram, " in RAM") if ram is not None else None
-
-
-def _mem_available() -> int | None:
-    free = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                free = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if free is None:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, AttributeError):
-            return None
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            cap = int(Path(limit).read_text()) - int(Path(usage).read_text())
-        except (OSError, ValueError):  # absent, or "max"
-            continue
-        free = min(free, max(cap, 0))
-    return free
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def launched_rank() -> int:
-    """The global rank a launcher gave this process (Lightning's order of variables); 0 when none."""
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0
-
-
-def known_processes(trainer: TrainerConfig) -> int | None:
-    """Training processes over every node, or None where ``devices`` is ``auto`` (or -1) on a GPU
-    run and no GPU is visible here (a login node) to count them."""
-    on_gpu = runs_on_accelerator(trainer)
-    devices = _parsed_devices(trainer.devices)
-    named = isinstance(devices, (list, tuple)) or (isinstance(devices, int) and devices > 0)
-    if on_gpu and not named and not _cuda_available():
-        return None
-    return _processes(devices, on_gpu) * max(trainer.num_nodes, 1)
-
-
-def _processes(devices: object, on_gpu: bool) -> int:
-    """Training processes on one node: Lightning's ``devices`` (``auto`` or -1: every GPU, or 1 on a CPU)."""
-    devices = _parsed_devices(devices)
-    if isinstance(devices, (list, tuple)):
-        return max(len(devices), 1)
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        return devices
-    if on_gpu and _cuda_available():
-        import torch
-
-        return max(torch.cuda.device_count(), 1)
-    return 1
-
-
-def _parsed_devices(devices: object) -> object:
-    """Lightning's ``devices`` with a number given as text (``"2"``, ``"-1"``) made an int."""
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        return int(devices)
-    return devices
 
 
 def _expected_vocab(train: TrainConfig) -> int | None:

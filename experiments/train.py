@@ -40,8 +40,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Rank 0 holds the run directory's lock for the whole run: the same run started twice stops
     the second one at once (:class:`~experiments.locks.RunInUseError`)."""
+    from experiments.hardware import launched_rank
     from experiments.locks import RunLock
-    from experiments.plan import launched_rank, plan_run
+    from experiments.plan import plan_run
     from experiments.store.sqlite import isolated_tracking_uri
 
     quiet_libraries(getattr(cfg, "log_level", None))
@@ -83,8 +84,8 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from experiments.data.cache import atomic_path
-    from experiments.identity import model_config_for
-    from experiments.plan import launched_rank, padded_vocab
+    from experiments.hardware import launched_rank
+    from experiments.plan import padded_vocab
 
     prepared = _prepare_data(plan)
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning 2.6 on torch >= 2.10
@@ -96,7 +97,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     from experiments.store.views import finished_run_note, set_run_description
     from experiments.trainer import build_module, build_trainer, run_callbacks
 
-    model_config = model_config_for(plan.config, padded_vocab(prepared.vocab_size))
+    model_config = plan.train.model_config(padded_vocab(prepared.vocab_size))
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     record = _open_record(plan, model_config) if launched_rank() == 0 else None  # rank 0 owns the run

@@ -60,7 +60,7 @@ def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
 
 
 def cluster_plugins() -> list:
-    """Under SLURM, submitit owns requeue (see sweeps/launch/job.py): Lightning's own SIGUSR1
+    """Under SLURM, submitit owns requeue (see sweeps/launch/cell_job.py): Lightning's own SIGUSR1
     auto-requeue is switched off so a preempted job is requeued exactly once."""
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
 

@@ -7,6 +7,7 @@ fails with one line (a :class:`ConfigError`) before any tensor is allocated.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -269,8 +270,10 @@ class ModelConfig:
                 self.rotary_pct,
                 f"must be in [0, 1] and give an even number of rotary dims (head_dim={self.head_dim} gives {rotary})",
             )
-        if self.init_std <= 0:
-            raise ConfigError("init_std", self.init_std, "must be > 0")
+        for name in ("rotary_base", "layer_norm_eps", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(name, value, "must be a finite number > 0")
 
     @property
     def head_dim(self) -> int:
@@ -324,8 +327,8 @@ class ModelConfig:
         values.update(self.router_options.changed)
         if self.moe is not None:
             moe = self.moe
-            layers = self.moe_layers if self.moe_layers is not None else "all"
-            layers = list(layers) if isinstance(layers, tuple) else layers  # YAML- and JSON-friendly
+            given = self.moe_layers if self.moe_layers is not None else "all"
+            layers = list(given) if isinstance(given, tuple) else given  # YAML- and JSON-friendly
             resolved = (moe.experts, moe.top_k, moe.hidden, layers, moe.aux_coef, moe.z_coef)
             values.update(zip(MOE_FIELDS, resolved, strict=True))
         return values

@@ -65,9 +65,8 @@ class Layout:
         return self.prelude + sum(self.cores) + self.coda
 
     @classmethod
-    def parse(cls, text: str) -> Layout:
-        if not isinstance(text, str):
-            text = str(text)
+    def parse(cls, given: str | int) -> Layout:
+        text = str(given)  # a depth may come as a number (layout=6 from YAML)
         compact = text.replace(" ", "")
         parts = compact.split("+")
         if not compact or any(p == "" for p in parts):

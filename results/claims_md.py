@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from results.aggregate import Results, Row, decimals_for, is_accuracy
-from results.claims import EQUIVALENT, FRAGILE_N, RULED_OUT, ClaimSet, Evaluation, Line, evaluate, load_claims
+from results.claims import (
+    EQUIVALENT,
+    FRAGILE_N,
+    RULED_OUT,
+    ClaimComparison,
+    ClaimSet,
+    Evaluation,
+    evaluate,
+    load_claims,
+)
 from results.render import code_span, markdown_escape, quote_lines
 from results.sequential_verdicts import LOG, DesignRecord, apply_design, apply_roles, design_lines, read_design
 from results.stats import METHOD, diff_text, format_p
@@ -40,7 +49,7 @@ def _log_scale(evaluation: Evaluation) -> bool:
     return evaluation.claim.log_scale and evaluation.metric.endswith("ppl")
 
 
-def _diff(line: Line, evaluation: Evaluation) -> str:
+def _diff(line: ClaimComparison, evaluation: Evaluation) -> str:
     if _log_scale(evaluation):
         return diff_text(line.comparison, 4)
     metric = evaluation.metric
@@ -48,7 +57,7 @@ def _diff(line: Line, evaluation: Evaluation) -> str:
     return diff_text(comparison, decimals_for(metric, abs(line.other.stats[metric].mean)))
 
 
-def _percent(value: float | None, evaluation: Evaluation, line: Line) -> str:
+def _percent(value: float | None, evaluation: Evaluation, line: ClaimComparison) -> str:
     """A Δ as % of the other row: exp(Δ) - 1 on the log scale, else Δ / |other mean|."""
     if value is None:
         return ""
@@ -58,25 +67,25 @@ def _percent(value: float | None, evaluation: Evaluation, line: Line) -> str:
     return f"{value / base * 100:+.1f}%" if base > 0 else ""
 
 
-def _paper(evaluation: Evaluation, line: Line) -> str:
+def _paper(evaluation: Evaluation, line: ClaimComparison) -> str:
     effect = evaluation.claim.paper_effect
     return "" if effect is None else _percent(effect, evaluation, line)
 
 
-def _mde(evaluation: Evaluation, line: Line) -> str:
+def _mde(evaluation: Evaluation, line: ClaimComparison) -> str:
     if line.mde is None:
         return ""
     percent = _percent(line.mde, evaluation, line).lstrip("+")
     return f"±{percent}" if percent else f"±{line.mde:.3g}"
 
 
-def _n_df(line: Line) -> str:
+def _n_df(line: ClaimComparison) -> str:
     c = line.comparison
     n = f"{c.n_a}" if c.paired else f"{c.n_a}+{c.n_b}"
     return f"{n}, {c.df:.1f}" if c.df is not None else n
 
 
-def _numbers(evaluation: Evaluation, line: Line) -> list[str]:
+def _numbers(evaluation: Evaluation, line: ClaimComparison) -> list[str]:
     """n, df | Δ (95% CI) | Δ % | paper Δ % | MDE | seeds for the paper's Δ."""
     needed = "" if line.seeds_needed is None else str(line.seeds_needed)
     return [

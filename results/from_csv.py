@@ -97,7 +97,8 @@ def rebuild_claims(
     path, evaluations = write_claims(
         results, out, name or previous_name, experiments, curves=history, source=Path(csv).name, folder=out
     )
-    from results.report import REPORT, Output, refresh_report  # matplotlib: only when a report is refreshed
+    from results.report import REPORT, Output  # matplotlib: only when a report is refreshed
+    from results.report_markdown import refresh_report
 
     output = Output(out, out / REPORT, results, claims=path, evaluations=evaluations)
     output.design, output.declared = read_design(out / LOG), read_confirmatory(out)

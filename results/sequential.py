@@ -44,9 +44,8 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from mesh_model import ConfigError
-from sweeps.grid import check_seed_stages
+from sweeps.grid import SPENDING, check_seed_stages
 
-SPENDING = ("obrien_fleming", "pocock")
 CALIBRATION_PATHS = 400_000
 CALIBRATION_SEED = 20_260_101
 # nats: SD of per-seed differences assumed when no finished runs say otherwise. At least the largest SD

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
@@ -17,8 +18,8 @@ from experiments.compose import compose_config, group_options
 from experiments.overrides import OverrideError, check_overrides, parse_overrides
 from experiments.plan import RunPlan, plan_run, with_seed
 from mesh_model import ConfigError, did_you_mean
+from sweeps.catalogue import sweep_names
 from sweeps.cells import Cell
-from sweeps.grids import sweep_names
 from sweeps.launch.base import ResourcesConfig
 from sweeps.launch.config import CONFIG_MODULE, LAUNCHERS, LaunchConfig, register_launch_configs
 
@@ -31,7 +32,8 @@ class SweepError(ValueError):
 
 def split_arguments(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
     """(launch overrides, cell overrides)."""
-    launch, cells = [], []
+    launch: list[str] = []
+    cells: list[str] = []
     for argument in arguments:
         key = argument.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
         (launch if key in LAUNCH_KEYS else cells).append(argument)
@@ -104,6 +106,10 @@ def check_seed_stages(stage: int, most: int, alpha: float) -> None:
         raise ConfigError("seeds.alpha", alpha, "a number strictly between 0 and 1, e.g. 0.05")
 
 
+# The alpha-spending functions of seeds=auto (results/sequential.py's spent()).
+SPENDING = ("obrien_fleming", "pocock")
+
+
 @dataclass(frozen=True)
 class AutoSeeds:
     """``seeds=auto``: seeds added ``stage`` at a time up to ``max`` per arm, while a primary claim
@@ -120,6 +126,8 @@ class AutoSeeds:
 
     def __post_init__(self) -> None:
         check_seed_stages(self.stage, self.max, self.alpha)
+        if self.spending not in SPENDING:
+            raise ConfigError("seeds.spending", self.spending, " or ".join(SPENDING))
         if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
             raise ConfigError("seeds.first", self.first, "an integer >= 0 (the first seed of seeds=auto)")
         for name in ("budget_cpu_h", "budget_gpu_h"):
@@ -134,7 +142,7 @@ def _flag(text: str) -> bool:
     return text.lower() == "true"
 
 
-AUTO_KEYS = {
+AUTO_KEYS: dict[str, Callable[[str], Any]] = {
     "stage": int,
     "max": int,
     "alpha": float,
@@ -187,7 +195,9 @@ def fixed_overrides(cell_overrides: Sequence[str]) -> list[str]:
 def expand_cells(name: str, cell_overrides: Sequence[str], seeds: Sequence[int]) -> list[Cell]:
     """The grid: the sweep file's params, replaced or extended by comma lists on the command line."""
     base = compose_config([f"+sweep={name}", *fixed_overrides(cell_overrides)], hydra_config=True)
-    params = dict(OmegaConf.to_container(base.hydra.sweeper.params) or {})
+    swept = OmegaConf.to_container(base.hydra.sweeper.params) or {}
+    assert isinstance(swept, dict)
+    params = {str(key): value for key, value in swept.items()}
     fixed = []
     for override in parse_overrides(cell_overrides):
         key = override.get_key_element()

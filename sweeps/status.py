@@ -5,7 +5,7 @@ the same key and sweep folder (sweeps/grid.py). Nothing trains: the cells' confi
 and checked, then the store and SLURM are asked. A cell is
 
 * ``finished``: its run wrote ``result.json`` (or its MLflow run is FINISHED);
-* ``pending`` / ``running``: its SLURM job (the grid's ``jobs.json``, sweeps/jobs.py) is queued /
+* ``pending`` / ``running``: its SLURM job (the grid's ``jobs.json``, sweeps/slurm_jobs.py) is queued /
   holds an allocation; off SLURM, a RUNNING run whose process still holds the run's lock
   (experiments/locks.py) is running;
 * ``failed`` / ``killed``: its MLflow run is FAILED / KILLED, or its job ended without a run;
@@ -44,7 +44,9 @@ from experiments.tracking import STOP_TAGS, RunRecord
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, PENDING, RUNNING, Cell, CellOutcome
 from sweeps.closing import GridEnd, close_run, conclude
 from sweeps.grid import SweepError, grid_cells, grid_key, read_request, sweep_dir_for
-from sweeps.jobs import (
+from sweeps.parent import DETACHED_TAG, ID_FILE, ParentRun, grids_in
+from sweeps.progress import grid_command, summary_table
+from sweeps.slurm_jobs import (
     COMPLETING,
     GONE,
     KILLED_BY,
@@ -54,10 +56,8 @@ from sweeps.jobs import (
     read_jobs,
     wait_for_states,
 )
-from sweeps.jobs import PENDING as SLURM_PENDING
-from sweeps.jobs import RUNNING as SLURM_RUNNING
-from sweeps.parent import DETACHED_TAG, ID_FILE, ParentRun, grids_in
-from sweeps.progress import grid_command, summary_table
+from sweeps.slurm_jobs import PENDING as SLURM_PENDING
+from sweeps.slurm_jobs import RUNNING as SLURM_RUNNING
 
 CANCEL_WAIT_S = 60.0  # after scancel: SLURM's KillWait between SIGTERM and SIGKILL, and slack
 # A cell's state, in the order the count line gives them, and the outcome each stands for in the
@@ -146,7 +146,7 @@ def find_grid(name: str, arguments: Sequence[str]) -> Grid:
     return grid
 
 
-def survey(grid: Grid, by: str, cancelled: Collection[str] = ()) -> list[CellState]:
+def survey_and_settle(grid: Grid, by: str, cancelled: Collection[str] = ()) -> list[CellState]:
     """Every cell's state, settling the runs whose process is gone (``by`` says who found it);
     the runs of the jobs in ``cancelled`` are closed as cancelled."""
     jobs = read_jobs(grid.sweep_dir)
@@ -312,10 +312,11 @@ def _conclude(grid: Grid, parent: ParentRun, states: Sequence[CellState], cancel
     conclude(GridEnd(parent, grid.plans[0], grid.sweep_dir, len(states)), outcomes, table, stopped, CANCELLED)
 
 
-def grid_status(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -> int:
+def grid_status(name: str, arguments: Sequence[str], out: TextIO | None = None) -> int:
     """``--status``: print where every cell stands (settling what needs it); 0."""
+    out = out or sys.stdout
     grid = find_grid(name, arguments)
-    states = survey(grid, "mesh-sweep --status")
+    states = survey_and_settle(grid, "mesh-sweep --status")
     if (ended_parent := _ended_parent(grid)) is not None:  # nothing to close: MLflow is not opened
         show(grid, states, ended_parent, out)
         return 0
@@ -330,9 +331,10 @@ def grid_status(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
     return 0
 
 
-def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -> int:
+def cancel_grid(name: str, arguments: Sequence[str], out: TextIO | None = None) -> int:
     """``--cancel``: cancel the grid's queued and running SLURM jobs and close their runs and the
     parent KILLED; 0. Off SLURM, see the module's docstring (1 while a cell still runs here)."""
+    out = out or sys.stdout
     grid = find_grid(name, arguments)
     jobs = read_jobs(grid.sweep_dir)
     targets: list[str] = []
@@ -349,7 +351,7 @@ def cancel_grid(name: str, arguments: Sequence[str], out: TextIO = sys.stdout) -
             if problem := cancel(targets):
                 print(f"[mesh-sweep] scancel: {problem}", file=sys.stderr)
             _wait_ended(targets)
-    states = survey(grid, "mesh-sweep --cancel", targets)
+    states = survey_and_settle(grid, "mesh-sweep --cancel", targets)
     parent, run = _parent(grid)
     running = [s for s in states if s.state in (RUNNING, PENDING)]
     if parent is not None and run.info.status == "RUNNING" and not running:

@@ -59,15 +59,15 @@ from experiments.store.sqlite import TrackingError
 from experiments.store.views import ROW_TAG, write_grouped_view
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
+from sweeps.catalogue import sweep_description, sweep_names
 from sweeps.cells import SKIPPED, Cell, CellOutcome
 from sweeps.closing import EXIT_INTERRUPTED, GridEnd, exit_code, finish, settle_run
 from sweeps.estimate import confirmed, count_line, distinct_configs, estimate_grid
 from sweeps.grid import SweepError, grid_key, launched_cells, plan_cells, read_request, sweep_dir_for
-from sweeps.grids import sweep_description, sweep_names
-from sweeps.jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.launch.base import LaunchError
 from sweeps.parent import DETACHED_TAG, ParentRun, grid_params, invocation_tags, val_sets
 from sweeps.progress import GridConsole, grid_command, summary_table
+from sweeps.slurm_jobs import COMPLETING, job_states, live, read_jobs
 from sweeps.status import cancel_grid, grid_status
 
 
@@ -75,7 +75,7 @@ def run_sweep(
     name: str,
     arguments: Sequence[str],
     dry_run: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     command: str | None = None,
     detach: bool = False,
     only: Callable[[Cell], bool] | None = None,
@@ -91,7 +91,9 @@ def run_sweep(
     ``command`` is the command line as typed, for the parent run (default: ``mesh-sweep NAME ARGUMENTS``).
     ``only``: the cells to run (a sub-grid, with its own key and parent run: a stage of ``seeds=auto``).
     ``seeds=auto`` goes to the stage driver of the results layer (:func:`results_driver`).
-    ``say_next=False``: no "results:" and "MLflow:" lines at the end (a caller that prints its own)."""
+    ``say_next=False``: no "results:" and "MLflow:" lines at the end (a caller that prints its own).
+    ``out`` defaults to the ``sys.stdout`` of the call."""
+    out = out or sys.stdout
     if "seeds=auto" in arguments:
         if detach:  # each stage's verdicts decide the next: the driver must wait for every stage
             raise SweepError("--detach does not go with seeds=auto: each stage is decided before the next is submitted")

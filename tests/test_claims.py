@@ -20,15 +20,14 @@ from results.claims import (
     RULED_OUT,
     VERDICTS,
     Claim,
-    ClaimsError,
-    Line,
-    Selector,
+    ClaimComparison,
     best_of_verdict,
     evaluate,
     load_claims,
     pairwise_verdict,
 )
 from results.claims_md import write_claims
+from results.claims_schema import ClaimsError, Selector
 from results.collect import RUN_COLUMNS, TAG_COLUMNS, add_main_set
 from results.stats import Comparison, compare, format_p, holm, min_detectable, seeds_needed
 
@@ -266,16 +265,16 @@ def test_best_of_holm_keeps_a_lone_raw_p_below_alpha_from_contradicting():
     better = Comparison(0.5, 0.1, 0.9, 0.03, "Welch t", 3, 3)
     worse = compare([1.0, 2.0, 3.0], [1.5, 2.2, 4.0])
     lines = [
-        Line(_row("anchor"), better, CONTRADICTED, 0.09),
-        Line(_row("base"), worse, INCONCLUSIVE, 0.6),
-        Line(_row("residual"), worse, INCONCLUSIVE, 0.6),
+        ClaimComparison(_row("anchor"), better, CONTRADICTED, 0.09),
+        ClaimComparison(_row("base"), worse, INCONCLUSIVE, 0.6),
+        ClaimComparison(_row("residual"), worse, INCONCLUSIVE, 0.6),
     ]
     assert best_of_verdict(lines, "lower") == (
         INCONCLUSIVE,
         "leans against",
         "not the best mean of the 4 rows present; 0 of 3 comparisons significant in the paper's direction",
     )
-    lines[0] = Line(lines[0].other, better, CONTRADICTED, 0.04)
+    lines[0] = ClaimComparison(lines[0].other, better, CONTRADICTED, 0.04)
     assert best_of_verdict(lines, "lower")[0] == CONTRADICTED
     # every other row worse, but not every difference significant: inconclusive, leaning the paper's way
     assert best_of_verdict(lines[1:], "lower")[:2] == (INCONCLUSIVE, "leans the paper's way")

@@ -1,11 +1,9 @@
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_process, run_tool
 
 from experiments.data.cache import cache_root
 from mesh_model.__main__ import main
@@ -36,7 +34,8 @@ def test_params_for_one_config_and_bad_input(capsys):
 
 
 def test_check_trains_every_scheme_and_the_loss_falls():
-    result = subprocess.run([sys.executable, "-m", "mesh_model", "check"], capture_output=True, text=True, check=True)
+    result = run_tool("mesh-model", "check")
+    assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("| ") and "scheme" not in line]
     assert len(lines) == 9
     for line in lines:
@@ -46,23 +45,17 @@ def test_check_trains_every_scheme_and_the_loss_falls():
 
 # --- every console script: --version, plain-text --help; mesh-train's Hydra flags and quiet runs ---
 
-BIN = Path(sys.executable).parent
 CONSOLE_SCRIPTS = ("mesh-train", "mesh-sweep", "mesh-results", "mesh-model", "mesh-probe", "mesh-eval")
 NOISE = ("GPU available", "TPU available", "litlogger", "Creating initial MLflow database tables", "srun")
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "experiments.data"] if args[0] == "experiments.data" else [str(BIN / args[0])]
-    return subprocess.run([*command, *args[1:]], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-
-
 @pytest.mark.parametrize("script", [*CONSOLE_SCRIPTS, "experiments.data"])
 def test_every_cli_prints_its_version_and_plain_help(script):
-    version = _cli(script, "--version")
+    version = run_tool(script, "--version")
     assert version.returncode == 0, version.stderr
     prog = "python -m experiments.data" if script == "experiments.data" else script
     assert re.fullmatch(rf"{re.escape(prog)} \d+\.\d+\S* \(commit ([0-9a-f]{{7,}}|unknown)\)\n", version.stdout)
-    helped = _cli(script, "--help")
+    helped = run_tool(script, "--help")
     assert helped.returncode == 0, helped.stderr
     assert "``" not in helped.stdout and ":func:`" not in helped.stdout and "--version" in helped.stdout
     assert "top layer" not in helped.stdout  # notes for the code's readers stay out of --help
@@ -76,7 +69,7 @@ def test_help_text_is_plain():
 
 
 def test_mesh_train_help_lists_the_run_groups_and_keys_not_hydras():
-    out = _cli("mesh-train", "--help").stdout
+    out = run_tool("mesh-train", "--help").stdout
     for line in (
         "data=shakespeare",
         "trainer=gpu",
@@ -113,7 +106,7 @@ def test_mesh_train_help_lists_the_run_groups_and_keys_not_hydras():
     ],
 )
 def test_mesh_train_hydra_flags_take_their_value_in_both_forms(flags):
-    done = _cli("mesh-train", *flags)
+    done = run_tool("mesh-train", *flags)
     assert done.returncode == 0, done.stderr
     printed = yaml.safe_load(done.stdout)
     data = printed if "data" in flags else printed["data"]  # --package data prints that node alone
@@ -121,8 +114,8 @@ def test_mesh_train_hydra_flags_take_their_value_in_both_forms(flags):
 
 
 def test_mesh_train_info_and_a_bad_key_after_flags():
-    assert "defaults" in _cli("mesh-train", "--info", "defaults").stdout.lower()
-    bad = _cli("mesh-train", "--cfg", "job", "nosuchkey=1")
+    assert "defaults" in run_tool("mesh-train", "--info", "defaults").stdout.lower()
+    bad = run_tool("mesh-train", "--cfg", "job", "nosuchkey=1")
     assert bad.returncode == 2 and bad.stderr.startswith("error: 'nosuchkey' is not a config key")
 
 
@@ -135,7 +128,7 @@ def test_override_arguments_skip_flag_values():
 
 @pytest.mark.slow
 def test_a_training_run_is_quiet_by_default_and_chatty_with_v(tmp_path, tiny_overrides):
-    """The start-up lines of Lightning and MLflow stay out; -v lets them in. A fake srun on PATH
+    """(Real processes: what Lightning and MLflow print when first imported.) The start-up lines of Lightning and MLflow stay out; -v lets them in. A fake srun on PATH
     stands for a machine with SLURM installed (Lightning's srun hint). Each run has an empty cache
     (its data read from the usual one), so MLflow makes the empty store that new stores are copied
     from (experiments/store/sqlite.py), and says so under -v."""
@@ -147,14 +140,14 @@ def test_a_training_run_is_quiet_by_default_and_chatty_with_v(tmp_path, tiny_ove
     env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
     data = f"data.cache_dir={cache_root()}"
     run = tiny_overrides("max_steps=2", "val_every=2", "checkpoint_every=2", "probes.enabled=false", data)
-    quiet = _cli(
+    quiet = run_process(
         "mesh-train", *run, f"runs_dir={tmp_path / 'quiet'}", env={**env, "MESH_CACHE_DIR": str(tmp_path / "c1")}
     )
     assert quiet.returncode == 0, quiet.stderr
     output = quiet.stdout + quiet.stderr
     assert [n for n in NOISE if n in output] == [], output
     assert "[mesh-train] val loss" in quiet.stdout
-    chatty = _cli(
+    chatty = run_process(
         "mesh-train", "-v", *run, f"runs_dir={tmp_path / 'chatty'}", env={**env, "MESH_CACHE_DIR": str(tmp_path / "c2")}
     )
     assert chatty.returncode == 0, chatty.stderr

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
 import torch
+from helpers import run_tool
 from lm_eval.api.instance import Instance
 from lm_eval.evaluator import simple_evaluate
 
@@ -305,12 +304,7 @@ def test_mesh_lm_from_checkpoint_and_the_registry(tiny_run):
 
 def test_mesh_eval_on_a_missing_path_says_so_in_one_line(tmp_path):
     missing = tmp_path / "nope" / "last.ckpt"
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.evaluation.cli", str(missing), "--tasks", "local"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_tool("mesh-eval", str(missing), "--tasks", "local")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {missing} does not exist (expected a checkpoint file or a run directory)"

@@ -1,7 +1,8 @@
 """Bad input stops before compute: one line on stderr, exit code 2, no MLflow run, no data prepared.
 
-Every case runs the real console script (``mesh-train``, ``mesh-eval``, ``mesh-probe``) in a
-subprocess with its own ``runs_dir`` and an empty ``MESH_CACHE_DIR``. Afterwards: the one line
+Every case runs the console script's ``main`` (``mesh-train``, ``mesh-eval``, ``mesh-probe``) in
+this process (tests/helpers.py; a real process where a read-only mount needs one) with its own
+``runs_dir`` and an empty ``MESH_CACHE_DIR``. Afterwards: the one line
 names the field, the exit code is 2, the store holds no run (or does not exist), no run folder
 exists under ``runs_dir/<experiment>``, the token cache was never touched (no data preparation):
 what shows that nothing was computed, where a bound on the time taken would fail on a loaded
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Ran, run_process, run_tool
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
@@ -32,17 +34,18 @@ from experiments.store.sqlite import TrackingError
 from mesh_model import ConfigError, ModelConfig, build_model, count_parameters
 from mesh_model.accounting import estimate_step_memory, parameter_count
 
-BIN = Path(sys.executable).parent
 FAST = ("model=tiny", "max_steps=2", "data.seq_len=32", "data.batch_size=2", "data.val_batches=1")
 
 
-def cli(tool: str, *args: str, tmp: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def tool_env(tmp: Path) -> dict[str, str]:
+    """The environment less MLflow's settings, with an empty cache of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["MESH_CACHE_DIR"] = str(tmp / "cache")
-    # The timeout only stops a hang, never a slow machine: a refusal has taken 32 s under load.
-    return subprocess.run(
-        [*prefix, str(BIN / tool), *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=600
-    )
+    return env
+
+
+def cli(tool: str, *args: str, tmp: Path) -> Ran:
+    return run_tool(tool, *args, env=tool_env(tmp), cwd=tmp)
 
 
 def runs_in(db: Path) -> int:
@@ -53,7 +56,7 @@ def runs_in(db: Path) -> int:
         return connection.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
 
 
-def assert_refused(done: subprocess.CompletedProcess, field: str, tmp: Path, runs_dir: Path) -> str:
+def assert_refused(done: Ran, field: str, tmp: Path, runs_dir: Path) -> str:
     """One line, exit 2, and nothing computed: no run, no run folder, nothing fetched or cached
     (what shows that no compute happened; a wall-clock bound would fail on a loaded machine)."""
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -112,6 +115,24 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
         assert "driver" in line or "does not answer" in line
     if "1+2R1000+1" in field:
         assert "MeSH coefficients" in line and "allow_large=true" in line
+
+
+def test_a_refusal_does_not_import_lightning(tmp_path):
+    """A fresh process refused on a bad value has loaded neither Lightning nor MLflow: the refusal
+    costs the config's checks, not the training stack's imports."""
+    script = (
+        "import sys\n"
+        "from experiments.train import cli\n"
+        "try:\n"
+        f"    cli(['optim.lr=-1', 'runs_dir={tmp_path / 'runs'}'])\n"
+        "except SystemExit as stop:\n"
+        "    print(stop.code, sorted(m for m in ('lightning', 'mlflow') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=tool_env(tmp_path), cwd=tmp_path
+    )
+    assert done.stderr.startswith("error: optim.lr=-1.0 is invalid"), done.stderr
+    assert done.stdout == "2 []\n"
 
 
 def test_check_path_false_leaves_data_path_to_the_job_and_keeps_the_run_identity(tmp_path):
@@ -179,7 +200,8 @@ def test_a_read_only_runs_dir_is_refused_before_hydra_writes_there(tmp_path, whe
     runs_dir = locked if where == "the folder" else locked / "runs"
     prefix = read_only_prefix(locked)
     try:
-        done = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", tmp=tmp_path, prefix=prefix)
+        env = tool_env(tmp_path)
+        done = run_process("mesh-train", *FAST, f"runs_dir={runs_dir}", env=env, cwd=tmp_path, prefix=prefix)
     finally:
         locked.chmod(0o755)
     line = assert_refused(done, f"runs_dir='{runs_dir}' is invalid", tmp_path, runs_dir)

@@ -29,8 +29,8 @@ from experiments.compose import group_options
 from experiments.locks import RunLock
 from mesh_model import ConfigError
 from sweeps.grid import compose_launch
-from sweeps.jobs import array_tasks, read_jobs, record_jobs
 from sweeps.launch.config import CONFIG_MODULE
+from sweeps.slurm_jobs import array_tasks, read_jobs, record_jobs
 from sweeps.sweep import main, run_sweep
 
 # One cell at a time, in the mesh-sweep process, with one torch thread (also when it is this one).

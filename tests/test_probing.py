@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import mlflow
 import pytest
 import torch
+from helpers import run_tool
 
 from experiments.checkpoints import load_model
 from experiments.config import ProbeConfig
@@ -32,7 +31,6 @@ from experiments.probing.state_routing import StateRoutingCallback, state_routin
 from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
 
-MESH_PROBE = str(Path(sys.executable).parent / "mesh-probe")
 FIGURES = [f"probe_{name}.{fmt}" for name in ("updates", "cka_rbf", "cka_linear", "spectra") for fmt in ("png", "svg")]
 
 
@@ -189,7 +187,7 @@ def test_cli_reproduces_the_final_probe_and_logs_into_the_run(runs, tmp_path, ca
 
 
 def test_cli_bad_paths_answer_with_one_line(runs, tmp_path, capsys):
-    result = subprocess.run([MESH_PROBE, str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    result = run_tool("mesh-probe", str(tmp_path / "missing"))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"error: {tmp_path / 'missing'} does not exist (expected a checkpoint file or a run directory)"

@@ -6,7 +6,7 @@ from test_claims import runs_frame
 
 from results.aggregate import aggregate
 from results.from_csv import read_runs_csv
-from results.report import _regime
+from results.report_markdown import _regime
 
 
 def _frame(**metrics: float):

@@ -38,7 +38,7 @@ import pytest
 from slurm_cluster import allocations, ensure_cluster, job_ids, partitions, unavailable
 from test_faults_grid import wait_for
 
-from sweeps.jobs import COMPLETING, job_states, live, read_jobs
+from sweeps.slurm_jobs import COMPLETING, job_states, live, read_jobs
 
 if (reason := unavailable()) is not None:
     pytest.skip(reason, allow_module_level=True)

@@ -7,8 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,18 +15,19 @@ import optuna
 import pytest
 import submitit
 import torch
+from helpers import run_tool
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
 from experiments.plan import InputError, plan_run
 from experiments.train import train
 from mesh_model import ConfigError
+from sweeps.catalogue import sweep_names
 from sweeps.cells import FINISHED, Cell, CellOutcome
 from sweeps.grid import compose_launch, expand_cells
-from sweeps.grids import sweep_names
-from sweeps.launch import job
+from sweeps.launch import cell_job
 from sweeps.launch.base import ResourcesConfig
-from sweeps.launch.job import CellJob
+from sweeps.launch.cell_job import CellJob
 from sweeps.launch.slurm import SlurmLauncher
 from sweeps.sweep import main, run_sweep
 
@@ -296,7 +295,7 @@ def test_a_slurm_cell_ignores_usr2_once_it_has_ended_and_hands_it_to_submitit_af
 
     previous = signal.signal(usr2, submitits)
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
-    monkeypatch.setattr(job, "run_cell", run_cell)
+    monkeypatch.setattr(cell_job, "run_cell", run_cell)
     cell = Cell(0, ["scheme=base"], "scheme=base")
     try:
         if ends == "finished":
@@ -320,7 +319,7 @@ def test_a_training_that_does_not_stop_in_time_after_usr2_is_handed_to_submitit_
     previous = signal.signal(usr2, lambda signum, frame: heard.append(signum))  # submitit's requeue
     sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a stop still in progress
     try:
-        with job._usr2_stops_training_first(stop_within_s=0.2):
+        with cell_job._usr2_stops_training_first(stop_within_s=0.2):
             signal.signal(signal.SIGTERM, lambda signum, frame: None)  # training: its own handler
             os.kill(os.getpid(), usr2)
             time.sleep(0.1)
@@ -445,10 +444,7 @@ def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path, fast):
 
 def test_sweep_console_script_dry_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    script = str(Path(sys.executable).parent / "mesh-sweep")
-    result = subprocess.run(
-        [script, "schemes", "seeds=2", "--dry-run", f"runs_dir={tmp_path}"], capture_output=True, text=True, env=env
-    )
+    result = run_tool("mesh-sweep", "schemes", "seeds=2", "--dry-run", f"runs_dir={tmp_path}", env=env)
     assert result.returncode == 0 and result.stdout.startswith("schemes: 12 cells (6 configs x 2 seeds)\n")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from helpers import run_tool
 from omegaconf import OmegaConf
 
 from experiments.identity import model_config_for
@@ -233,7 +234,7 @@ def test_train_logs_through_a_real_mlflow_server(tmp_path, mlflow_server, compos
     ],
 )
 def test_bad_input_stops_with_one_line(tmp_path, tiny_overrides, args, expected):
-    result = run_cli(*tiny_overrides(f"runs_dir={tmp_path}", *args))
+    result = run_tool("mesh-train", *tiny_overrides(f"runs_dir={tmp_path}", *args), env=clean_env())
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr
@@ -244,7 +245,9 @@ def test_unreadable_and_empty_corpus_stop_before_training(tmp_path, tiny_overrid
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     for path in (empty, tmp_path / "missing"):
-        result = run_cli(*tiny_overrides(f"runs_dir={tmp_path}", "data=text", f"data.path={path}"))
+        result = run_tool(
+            "mesh-train", *tiny_overrides(f"runs_dir={tmp_path}", "data=text", f"data.path={path}"), env=clean_env()
+        )
         assert result.returncode == 2, result.stderr[-2000:]
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"error: data.path='{path}' is invalid"), result.stderr

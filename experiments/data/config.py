@@ -9,6 +9,7 @@ config through :func:`as_data_config`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mesh_model.errors import ConfigError
 
@@ -85,7 +86,7 @@ def as_data_config(cfg: object) -> DataConfig:
         if unknown:
             raise ConfigError("data", unknown[0], f"unknown field; known fields: {', '.join(names)}")
     get = cfg.get if isinstance(cfg, dict) else lambda key, default=None: getattr(cfg, key, default)
-    values = {name: get(name) for name in names if get(name) is not None}
+    values: dict[str, Any] = {name: get(name) for name in names if get(name) is not None}
     if "extra_val" in values:
         values["extra_val"] = [str(v) for v in values["extra_val"]]
     config = DataConfig(**values)

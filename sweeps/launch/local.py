@@ -75,7 +75,7 @@ class PackedLauncher(Launcher):
         return False
 
     def prepare(self, plans: Sequence[RunPlan]) -> str | None:
-        from experiments.plan import available_memory
+        from experiments.hardware import available_memory
 
         found = available_memory("cpu")
         available = found[0] if found else None

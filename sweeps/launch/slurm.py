@@ -1,6 +1,6 @@
 """The launchers that hand cells to submitit: its local executor (``submitit_local``, SLURM's code
 path on this machine) and SLURM (``slurm``), and the collection of their jobs' outcomes. What runs
-inside each job is :mod:`sweeps.launch.job`."""
+inside each job is :mod:`sweeps.launch.cell_job`."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import submitit
 
 from mesh_model import ConfigError
 from sweeps.cells import Cell, CellOutcome
-from sweeps.jobs import PREEMPTED, job_states, record_jobs
 from sweeps.launch.base import Launcher, LaunchError, OnStart, ResourcesConfig, no_start
-from sweeps.launch.job import CellJob
+from sweeps.launch.cell_job import CellJob
 from sweeps.launch.pool import STOP_GRACE_S, death_note
+from sweeps.slurm_jobs import PREEMPTED, job_states, record_jobs
 
 if TYPE_CHECKING:
     from experiments.config import TrainerConfig
@@ -171,7 +171,7 @@ class SubmititLocalLauncher(Launcher):
 class SlurmLauncher(Launcher):
     """One SLURM job per cell, submitted as one job array throttled by ``max_parallel``; a cell of
     several tasks (``resources.tasks_per_node`` x ``nodes``) is one DDP run, its ranks started by
-    srun. The jobs of each submission are written to the grid's ``jobs.json`` (sweeps/jobs.py)."""
+    srun. The jobs of each submission are written to the grid's ``jobs.json`` (sweeps/slurm_jobs.py)."""
 
     name: ClassVar[str] = "slurm"
     partition: str | None = None

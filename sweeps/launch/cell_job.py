@@ -18,8 +18,8 @@ from typing import Any
 import submitit
 
 from sweeps.cells import Cell, CellOutcome, run_cell, run_cell_reporting_stops
-from sweeps.jobs import RUNNING as SLURM_RUNNING
-from sweeps.jobs import wait_for_states
+from sweeps.slurm_jobs import RUNNING as SLURM_RUNNING
+from sweeps.slurm_jobs import wait_for_states
 
 
 class CellJob(submitit.helpers.Checkpointable):
