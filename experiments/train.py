@@ -14,12 +14,14 @@ the run already finished, returns its result without training.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hydra
@@ -287,7 +289,7 @@ def _result(plan: RunPlan, trainer: Any, main_val: str, record: RunRecord | None
 def main(cfg: DictConfig) -> float:
     from experiments.locks import RunInUseError
     from experiments.plan import InputError
-    from experiments.store.sqlite import TrackingError
+    from experiments.store.sqlite import TrackingError, damaged_store_error, resolve_tracking_uri
     from mesh_model import ConfigError
 
     try:
@@ -295,11 +297,12 @@ def main(cfg: DictConfig) -> float:
     except (ConfigError, InputError, TrackingError, RunInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (RuntimeError, OSError) as error:
-        if not _is_run_failure(error):
+    except Exception as error:  # a store damaged while the run wrote to it: one line, not SQLAlchemy's traceback
+        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, Path(cfg.runs_dir), os.environ)
+        if (damaged := damaged_store_error(error, uri)) is None and not _is_run_failure(error):
             raise
-        print(f"error: {error}", file=sys.stderr)  # the run is FAILED in MLflow with this line as its error tag
-        sys.exit(1)
+        print(f"error: {damaged or error}", file=sys.stderr)  # a failed run has this line as its error tag
+        sys.exit(2 if damaged else 1)
     except KeyboardInterrupt:
         print("[mesh-train] interrupted; run the same command to resume from the last checkpoint", file=sys.stderr)
         sys.exit(130)

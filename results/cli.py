@@ -76,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # a store damaged past the opening check (a filter's error is its own)
+        from experiments.store.sqlite import damaged_store_error
+
+        if (damaged := damaged_store_error(error, uri)) is None:
+            raise
+        print(f"error: {damaged}", file=sys.stderr)
+        return 2
     summary = summary_lines(output.results, output.evaluations)
     if summary:
         print("\n".join(summary).rstrip())

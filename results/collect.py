@@ -19,7 +19,7 @@ import pandas as pd
 
 from experiments.identity import distinguishes_rows
 from experiments.store.check import check_tracking_uri
-from experiments.store.sqlite import resolve_tracking_uri, sqlite_path
+from experiments.store.sqlite import resolve_tracking_uri, sqlite_path, store_damage
 
 TAG_COLUMNS = (
     "preset",
@@ -104,7 +104,9 @@ def collect_runs(client: Any, experiments: Sequence[str] = (), filter_string: st
     records = []
     try:
         runs = list(_search(client, list(ids.values()), filter_string))
-    except Exception as error:  # a bad filter string
+    except Exception as error:  # a bad filter string (a damaged store is said by the caller)
+        if store_damage(error) is not None:
+            raise
         raise ResultsError(f"--filter {filter_string!r} is invalid: {str(error).splitlines()[0]}") from None
     for run in runs:
         tags = run.data.tags

@@ -135,29 +135,64 @@ def _set_aside(uri: str, path: Path, label: str, why: str) -> None:
     forget_engine(uri)
 
 
+RECOVER_COMMAND = "python -m experiments.store.recover"
+
+
 def damaged_store_line(path: Path, reason: str) -> str:
     """What a damaged store is, and the two ways on, in one line."""
     recovered = path.with_name(f"{path.stem}-recovered{path.suffix}")
     return (
-        f"the MLflow store {path} is damaged ({reason}); recover its runs with "
-        f'sqlite3 {path} ".recover" | sqlite3 {recovered} and use tracking_uri=sqlite:///{recovered}, '
+        f"the MLflow store {path} is damaged ({reason}); copy what it still holds with "
+        f"{RECOVER_COMMAND} {path} {recovered} and use tracking_uri=sqlite:///{recovered}, "
         "or set tracking.rebuild_store=true to move it aside and start an empty store"
     )
 
 
 def sqlite_damage(path: Path) -> str | None:
-    """Why the sqlite file ``path`` is damaged (malformed pages, a file cut short, not a database),
-    or None when it reads. Cheap: one count over the runs table, asked of SQLite (never ``open()``:
-    see the module docstring)."""
+    """Why the sqlite file ``path`` is damaged (malformed pages of any table or index, a file cut
+    short, not a database), or None when it reads: SQLite's ``quick_check`` (every page of every
+    b-tree, not the match of indexes to tables; benchmarks/store_check.py gives its cost), asked
+    of SQLite (never ``open()``: see the module docstring)."""
     try:
         read_one(path, "SELECT count(*) FROM runs")
+        verdict = str(read_one(path, "PRAGMA quick_check(1)")[0])
     except sqlite3.OperationalError as error:
         if "no such table" in str(error) or "locked" in str(error):
             return None  # a schema never made (incomplete, not damaged), or a writer holding it now
         return _first_line(error)
     except sqlite3.Error as error:
         return "not a SQLite database" if is_not_a_database(error) else _first_line(error)
+    return None if verdict == "ok" else f"quick_check: {_first_line(RuntimeError(verdict))}"
+
+
+# SQLite's result codes and messages for a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB); MLflow
+# wraps SQLAlchemy's error, which wraps sqlite3's, sometimes only as text.
+DAMAGE_CODES = (11, 26)
+DAMAGE_TEXTS = ("database disk image is malformed", "file is not a database")
+
+
+def store_damage(error: BaseException | None) -> str | None:
+    """SQLite's one line when ``error`` (from MLflow, SQLAlchemy or sqlite3, anywhere along its
+    causes) says a database file is damaged, else None."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        said = next((text for text in DAMAGE_TEXTS if text in str(error)), None)
+        if said is not None or getattr(error, "sqlite_errorcode", None) in DAMAGE_CODES:
+            return said or _first_line(error)
+        error = getattr(error, "orig", None) or error.__cause__ or error.__context__
     return None
+
+
+def damaged_store_error(error: BaseException, uri: str) -> TrackingError | None:
+    """The one-line :class:`TrackingError` for an ``error`` raised by a damaged sqlite store at
+    ``uri``, else None (the error is something else)."""
+    path, damage = sqlite_path(uri), store_damage(error)
+    if damage is None:
+        return None
+    if path is None:
+        return TrackingError(f"the MLflow store {uri} reports damage ({damage}); repair its database")
+    return TrackingError(damaged_store_line(path, damage))
 
 
 def read_one(path: Path, sql: str) -> tuple:
