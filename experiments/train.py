@@ -14,6 +14,7 @@ the run already finished, returns its result without training.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -314,9 +315,10 @@ def main(cfg: DictConfig) -> float:
         sys.exit(stop.code)
     if result["run_id"] is None:  # a non-zero DDP rank: rank 0 reports
         return result["objective"]
+    nonfinite = "" if math.isfinite(result["val_loss"]) else " (trained past a non-finite loss: tag nonfinite)"
     print(
-        f"[mesh-train] val loss {result['val_loss']:.4f} ppl {result['val_ppl']:.2f} after {result['steps']} steps; "
-        f"MLflow run {result['run_id']}; run dir {result['run_dir']}"
+        f"[mesh-train] val loss {result['val_loss']:.4f} ppl {result['val_ppl']:.2f} after {result['steps']} steps"
+        f"{nonfinite}; MLflow run {result['run_id']}; run dir {result['run_dir']}"
     )
     return result["objective"]
 

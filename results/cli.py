@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from experiments.store.views import runs_list_url
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
+    uri = ""
     try:
         from results.publish import ARTIFACT_DIR
         from results.report import build_report
