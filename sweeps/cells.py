@@ -95,12 +95,16 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
     import torch
 
     from experiments.compose import compose_config
+    from experiments.locks import RunInUseError
     from experiments.train import is_pruned, train
 
     if threads:
         torch.set_num_threads(threads)
     try:
         result = train(compose_config(cell.overrides))
+    except RunInUseError as error:  # another process trains it now (a worker of a grid that died): not a failure
+        print(f"[mesh-sweep] {error}", file=sys.stderr)
+        return CellOutcome.interrupted(cell, str(error))
     except Exception as error:  # the grid goes on; train() already marked the MLflow run FAILED
         if is_pruned(error):
             return CellOutcome(cell.index, cell.overrides, PRUNED, cell.label, error=str(error))
