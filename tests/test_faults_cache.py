@@ -211,3 +211,35 @@ def test_a_tokenizer_of_another_vocabulary_without_its_digest_is_trained_again(p
     assert prepared.tokenizer.vocab_size == 2048
     pristine_file = one(pristine, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
     assert tokenizer.read_bytes() == pristine_file.read_bytes()
+
+
+def test_invalid_utf8_past_the_first_kb_of_a_text_corpus_stops_it_unless_replacement_is_asked(
+    tmp_path, monkeypatch, capsys
+):
+    """The first KB clean (what the plan-time sniff reads), invalid bytes all through the rest."""
+    from mesh_model.errors import ConfigError
+
+    monkeypatch.setenv("MESH_CACHE_DIR", str(tmp_path / "cache"))
+    clean = (
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 60
+    ).encode()
+    dirty = bytearray(clean * 3)
+    for index in range(0, len(dirty), 13):
+        if index % 4 == 0:  # one byte in 52: 0xff is never UTF-8
+            dirty[index] = 0xFF
+    corpus = tmp_path / "novel.txt"
+    corpus.write_bytes(clean[:1024] + bytes(dirty))
+    invalid = bytes(dirty).decode("utf-8", errors="replace").count("\ufffd")
+    with pytest.raises(ConfigError) as refused:
+        prepare(DataConfig(corpus="text", path=str(corpus), bpe_vocab_size=300))
+    assert str(refused.value) == (
+        f"data.path={str(corpus)!r} is invalid: has {invalid} invalid UTF-8 sequence(s) in its "
+        f"{corpus.stat().st_size} bytes; convert it (iconv -t utf-8), or set data.replace_invalid_utf8=true "
+        "to train on U+FFFD in their place"
+    )
+    assert not list((tmp_path / "cache").glob("tokens/*/*.bin"))  # nothing tokenized
+    prepare(DataConfig(corpus="text", path=str(corpus), bpe_vocab_size=300, replace_invalid_utf8=True))
+    said = [line for line in capsys.readouterr().err.splitlines() if "data.replace_invalid_utf8=true" in line]
+    assert said and set(said) == {
+        f"[mesh] data.replace_invalid_utf8=true: {invalid} invalid UTF-8 sequence(s) of {corpus} replaced by U+FFFD"
+    }
