@@ -150,3 +150,14 @@ def test_the_output_is_never_overwritten(store, tmp_path):
     done = recover(store, out)
     assert done.returncode == 2 and out.read_bytes() == b"keep"
     assert "exists; give a new path" in done.stderr
+
+
+@pytest.mark.parametrize("damage", ["runs", "metrics", "index"])
+def test_a_store_past_the_full_check_size_is_checked_in_every_table_but_metrics(store, tmp_path, damage, monkeypatch):
+    """Above FULL_CHECK_BYTES the check skips the bulk of the pages (metrics and its indexes, found
+    when read); a runs page is still found."""
+    from experiments.store import sqlite as store_sqlite
+
+    monkeypatch.setattr(store_sqlite, "FULL_CHECK_BYTES", 0)
+    found = sqlite_damage(damaged_copy(store, tmp_path, damage))
+    assert (found is not None) == (damage == "runs")
