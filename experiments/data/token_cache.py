@@ -4,8 +4,9 @@ The file is the split's documents back to back, each followed by ``eos_id``, as 
 uint32 for vocabularies above 65536 tokens). Loading is one ``np.memmap`` call: no tokenizer, no
 reading of the text, so a warm start costs nothing measurable. Its ``.json`` records the token
 count, the corpus bytes' digest and a digest of the file's own bytes (:func:`content_digest`,
-written with it and checked on every load: about 1 ms per MB, benchmarks/data_pipeline.py); a file
-whose record has no such digest is tokenized again, never adopted.
+written with it and checked on every load: blake2b, 13 ms per run on shakespeare's 3.7 MB of
+tokens, 4 ms per MB on a loaded 2-core machine); a file whose record has no such digest is
+tokenized again, never adopted.
 """
 
 from __future__ import annotations
