@@ -303,6 +303,7 @@ def test_rebuild_store_given_to_a_grid_reaches_its_parent_run_too(tmp_path, cell
     ((parent,), (trained,)) = store(runs_dir)
     assert parent.info.status == "FINISHED" and trained.info.status == "FINISHED"
     assert parent.data.metrics["cells_skipped"] == 1 and parent.data.metrics["cells_finished"] == 1
+    assert parent.data.metrics["cells_done"] == 2  # the grid's count, whichever invocation trained them
     assert trained.data.tags["scheme"] == "mesh"
 
     again = sweep("scheme=base")  # the first grid: its parent run was in the store set aside
