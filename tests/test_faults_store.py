@@ -83,7 +83,7 @@ def test_the_recover_command_it_names_gets_the_runs_back(store_with_a_run, tmp_p
     done = subprocess.run(recover.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr  # an index is rebuilt, never read: nothing is lost
     recovered = db.with_name("mlflow-recovered.db")
-    assert f"use tracking_uri=sqlite:///{recovered}" in done.stdout
+    assert f"use tracking.tracking_uri=sqlite:///{recovered}" in done.stdout
     before, after = (mlflow.MlflowClient(f"sqlite:///{path}") for path in (store_with_a_run, recovered))
     (original,) = before.search_runs([before.get_experiment_by_name("mesh").experiment_id])
     (run,) = after.search_runs([after.get_experiment_by_name("mesh").experiment_id])
@@ -96,7 +96,9 @@ def test_the_recover_command_it_names_gets_the_runs_back(store_with_a_run, tmp_p
     )
     for key in original.data.metrics:
         assert after.get_metric_history(run.info.run_id, key) == before.get_metric_history(run.info.run_id, key)
-    trained = mesh_train(db.parent, "seed=1", f"tracking_uri=sqlite:///{recovered}")  # the store takes new runs
+    trained = mesh_train(
+        db.parent, "seed=1", f"tracking.tracking_uri=sqlite:///{recovered}"
+    )  # the store takes new runs
     assert trained.returncode == 0, trained.stderr
 
 

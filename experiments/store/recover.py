@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"[recover] {outcome.copied.get('runs', 0)} runs, {outcome.copied.get('params', 0)} params, "
         f"{outcome.copied.get('tags', 0)} tags and {outcome.copied.get('metrics', 0)} metric values copied to "
-        f"{recovered}{'' if outcome.complete else ' (with the losses above)'}; use tracking_uri=sqlite:///{recovered.resolve()}"
+        f"{recovered}{'' if outcome.complete else ' (with the losses above)'}; use tracking.tracking_uri=sqlite:///{recovered.resolve()}"
     )
     return 0 if outcome.complete else 1
 

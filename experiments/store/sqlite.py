@@ -143,7 +143,7 @@ def damaged_store_line(path: Path, reason: str) -> str:
     recovered = path.with_name(f"{path.stem}-recovered{path.suffix}")
     return (
         f"the MLflow store {path} is damaged ({reason}); copy what it still holds with "
-        f"{RECOVER_COMMAND} {path} {recovered} and use tracking_uri=sqlite:///{recovered}, "
+        f"{RECOVER_COMMAND} {path} {recovered} and use tracking.tracking_uri=sqlite:///{recovered}, "
         "or set tracking.rebuild_store=true to move it aside and start an empty store"
     )
 
