@@ -299,7 +299,7 @@ def main(cfg: DictConfig) -> float:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except Exception as error:  # a store damaged while the run wrote to it: one line, not SQLAlchemy's traceback
-        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, Path(cfg.runs_dir), os.environ)
+        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, Path(cfg.runs_dir).expanduser(), os.environ)
         if (damaged := damaged_store_error(error, uri)) is None and not _is_run_failure(error):
             raise
         print(f"error: {damaged or error}", file=sys.stderr)  # a failed run has this line as its error tag

@@ -30,6 +30,7 @@ from __future__ import annotations
 # MLflow (about a second to import) is imported inside the functions that need it: the store's
 # address, its damage check and peek_run work on the file alone.
 import contextlib
+import functools
 import os
 import shutil
 import sqlite3
@@ -236,11 +237,34 @@ def is_not_a_database(error: sqlite3.Error) -> bool:
 
 
 def check_store_intact(uri: str) -> None:
-    """Raise :class:`TrackingError` (one line) when ``uri`` is a local sqlite store that is damaged."""
+    """Raise :class:`TrackingError` (one line) when ``uri`` is a local sqlite store that is damaged.
+    A grid plans each distinct config (a check each): a store whose files have not changed since
+    this process checked it is not read again."""
     path = sqlite_path(uri)
-    damage = sqlite_damage(path) if path is not None and path.is_file() and path.stat().st_size > 0 else None
+    damage = (
+        _damage_of(path, *_file_state(path))
+        if path is not None and path.is_file() and path.stat().st_size > 0
+        else None
+    )
     if damage is not None:
         raise TrackingError(damaged_store_line(path, damage))  # type: ignore[arg-type]
+
+
+def _file_state(path: Path) -> tuple[tuple[int, int], ...]:
+    """(size, mtime) of the database and its WAL (where writes go until a checkpoint)."""
+    states = []
+    for suffix in ("", "-wal"):
+        try:
+            stat = Path(f"{path}{suffix}").stat()
+            states.append((stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            states.append((0, 0))
+    return tuple(states)
+
+
+@functools.lru_cache(maxsize=8)
+def _damage_of(path: Path, *state: tuple[int, int]) -> str | None:
+    return sqlite_damage(path)
 
 
 def _open_copied_empty_store(uri: str, path: Path) -> bool:
