@@ -161,3 +161,20 @@ def test_a_store_past_the_full_check_size_is_checked_in_every_table_but_metrics(
     monkeypatch.setattr(store_sqlite, "FULL_CHECK_BYTES", 0)
     found = sqlite_damage(damaged_copy(store, tmp_path, damage))
     assert (found is not None) == (damage == "runs")
+
+
+def test_what_mlflow_raises_on_a_damaged_page_becomes_the_store_s_one_line(store, tmp_path):
+    """The error as MLflow raises it (SQLAlchemy's, wrapping sqlite3's) is recognised anywhere along
+    its causes; another error is not taken for damage."""
+    from experiments.store.sqlite import damaged_store_error
+
+    db = damaged_copy(store, tmp_path, "runs")
+    uri = f"sqlite:///{db}"
+    client = mlflow.MlflowClient(uri)
+    with pytest.raises(Exception) as raised:
+        client.search_runs([client.get_experiment_by_name("recoverable").experiment_id], max_results=1000)
+    line = str(damaged_store_error(raised.value, uri))
+    assert line.startswith(f"the MLflow store {db} is damaged (database disk image is malformed); ")
+    assert f"python -m experiments.store.recover {db} {db.with_name('mlflow-recovered.db')} " in line
+    assert damaged_store_error(ValueError("--filter is invalid"), uri) is None
+    forget_engine(uri)
