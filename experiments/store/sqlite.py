@@ -171,7 +171,8 @@ def sqlite_damage(path: Path) -> str | None:
         return _first_line(error)
     except sqlite3.Error as error:
         return "not a SQLite database" if is_not_a_database(error) else _first_line(error)
-    return None if verdict == "ok" else f"quick_check: {_first_line(RuntimeError(verdict))}"
+    said = [line for line in verdict.splitlines() if line.strip() and not line.startswith("*** in database")]
+    return None if verdict == "ok" else f"quick_check: {'; '.join(said)[:200] or verdict}"
 
 
 def _quick_check(path: Path) -> str:
