@@ -399,3 +399,29 @@ def test_seeds_auto_takes_no_decision_on_a_cell_another_process_still_trains(tmp
                 client.set_terminated(run.info.run_id, status)
     assert unsettled(["a", "b", "c", "d"], uri, "auto") == ["b"]
     assert unsettled(["a", "c"], uri, "auto") == []
+
+
+def test_a_cell_whose_run_another_live_process_holds_is_one_line_and_not_failed(tmp_path, grid_cell_overrides, capfd):
+    """What a re-run meets while a worker of the grid that died still holds a cell's run folder: the
+    cell says so in one line and stays INTERRUPTED (re-run to resume), not FAILED with a traceback."""
+    from experiments.compose import compose_config
+    from experiments.plan import plan_run
+    from sweeps.cells import INTERRUPTED, Cell, run_cell
+
+    overrides = grid_cell_overrides("probes.enabled=false", f"runs_dir={tmp_path / 'runs'}")
+    run_dir = plan_run(compose_config(overrides)).run_dir
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from experiments.locks import RunLock; import sys, time\n"
+         f"with RunLock(__import__('pathlib').Path({str(run_dir)!r})):\n print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        outcome = run_cell(Cell(0, overrides, "scheme=base"))
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capfd.readouterr().err
+    assert outcome.status == INTERRUPTED and f"is in use by PID {holder.pid}" in outcome.error
+    said = [line for line in err.splitlines() if "in use by PID" in line]
+    assert said == [f"[mesh-sweep] {outcome.error}"] and "Traceback" not in err
