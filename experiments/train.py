@@ -14,12 +14,15 @@ the run already finished, returns its result without training.
 from __future__ import annotations
 
 import json
+import math
+import os
 import signal
 import sys
 import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hydra
@@ -290,7 +293,7 @@ def _result(plan: RunPlan, trainer: Any, main_val: str, record: RunRecord | None
 def main(cfg: DictConfig) -> float:
     from experiments.locks import RunInUseError
     from experiments.plan import InputError
-    from experiments.store.sqlite import TrackingError
+    from experiments.store.sqlite import TrackingError, damaged_store_error, resolve_tracking_uri
     from mesh_model import ConfigError
 
     try:
@@ -298,11 +301,12 @@ def main(cfg: DictConfig) -> float:
     except (ConfigError, InputError, TrackingError, RunInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (RuntimeError, OSError) as error:
-        if not _is_run_failure(error):
+    except Exception as error:  # a store damaged while the run wrote to it: one line, not SQLAlchemy's traceback
+        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, Path(cfg.runs_dir).expanduser(), os.environ)
+        if (damaged := damaged_store_error(error, uri)) is None and not _is_run_failure(error):
             raise
-        print(f"error: {error}", file=sys.stderr)  # the run is FAILED in MLflow with this line as its error tag
-        sys.exit(1)
+        print(f"error: {damaged or error}", file=sys.stderr)  # a failed run has this line as its error tag
+        sys.exit(2 if damaged else 1)
     except KeyboardInterrupt:
         print("[mesh-train] interrupted; run the same command to resume from the last checkpoint", file=sys.stderr)
         sys.exit(130)
@@ -314,9 +318,10 @@ def main(cfg: DictConfig) -> float:
         sys.exit(stop.code)
     if result["run_id"] is None:  # a non-zero DDP rank: rank 0 reports
         return result["objective"]
+    nonfinite = "" if math.isfinite(result["val_loss"]) else " (trained past a non-finite loss: tag nonfinite)"
     print(
-        f"[mesh-train] val loss {result['val_loss']:.4f} ppl {result['val_ppl']:.2f} after {result['steps']} steps; "
-        f"MLflow run {result['run_id']}; run dir {result['run_dir']}"
+        f"[mesh-train] val loss {result['val_loss']:.4f} ppl {result['val_ppl']:.2f} after {result['steps']} steps"
+        f"{nonfinite}; MLflow run {result['run_id']}; run dir {result['run_dir']}"
     )
     return result["objective"]
 

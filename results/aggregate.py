@@ -21,11 +21,12 @@ import pandas as pd
 
 from mesh_model import ConfigError, Layout
 from mesh_model.scheme_names import PAPER_SCHEMES
-from results.collect import RUN_COLUMNS, grouping_params, overrides_label, validation_sets
+from results.collect import NONFINITE, RUN_COLUMNS, grouping_params, overrides_label, validation_sets
 from results.paper import PaperRow, PaperValue, paper_values
 from results.stats import Comparison, compare
 
 NOT_METRICS = {*RUN_COLUMNS, "main_set"}
+NONFINITE_MARK = "[non-finite loss]"  # in the label of the row of runs trained past a non-finite loss
 ACTIVE_PARAMS = "params_active_non_embedding"  # logged by mixture-of-experts runs only
 
 
@@ -253,13 +254,17 @@ def aggregate(
         known = ", ".join(sorted(c for c in metric_columns if not c.startswith("probe/"))) or "(none)"
         raise ValueError(f"--metric {metric!r} is not logged by these runs; known: {known}")
     keys = grouping_params(frame)
-    frame["overrides"] = [overrides_label(p, keys) for p in frame["params"]]
+    frame["overrides"] = [
+        " ".join(filter(None, [overrides_label(p, keys), NONFINITE_MARK if status == NONFINITE else ""]))
+        for p, status in zip(frame["params"], frame["status"], strict=True)
+    ]
     frame["row"] = ""
     frame["duplicate_of"] = ""
     rows: list[Row] = []
     duplicates: list[Duplicate] = []
     group_columns = ["preset", "scheme", "layout", "buffer_slots", "overrides"]
-    for values, group in frame[frame["status"] == "FINISHED"].groupby(group_columns, sort=False, dropna=False):
+    tabulated = frame[frame["status"].isin(["FINISHED", NONFINITE])]  # a non-finite run: its own marked row
+    for values, group in tabulated.groupby(group_columns, sort=False, dropna=False):
         preset, scheme, layout, slots, overrides = (str(v) for v in values)
         runs, dropped = _one_run_per_replicate(group)
         stats = {}

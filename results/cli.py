@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from experiments.store.views import runs_list_url
     from results.collect import ResultsError, tracking_uri_for  # pandas, MLflow: only past --help
 
+    uri = ""
     try:
         from results.publish import ARTIFACT_DIR
         from results.report import build_report
@@ -75,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper)
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # a store damaged past the opening check (a filter's error is its own)
+        from experiments.store.sqlite import damaged_store_error
+
+        if (damaged := damaged_store_error(error, uri)) is None:
+            raise
+        print(f"error: {damaged}", file=sys.stderr)
         return 2
     summary = summary_lines(output.results, output.evaluations)
     if summary:

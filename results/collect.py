@@ -19,7 +19,7 @@ import pandas as pd
 
 from experiments.identity import distinguishes_rows
 from experiments.store.check import check_tracking_uri
-from experiments.store.sqlite import resolve_tracking_uri, sqlite_path
+from experiments.store.sqlite import resolve_tracking_uri, sqlite_path, store_damage
 
 TAG_COLUMNS = (
     "preset",
@@ -35,6 +35,11 @@ TAG_COLUMNS = (
     "error",
     "pruned",
 )
+# A run that trained on past a non-finite loss (allow_nonfinite=true) ends FINISHED with this tag
+# (experiments.callbacks.divergence.NONFINITE_TAG); it is read back with the status NONFINITE and
+# the tag's line as its error, its own row (results.aggregate) and its own count in the report.
+NONFINITE_TAG = "nonfinite"
+NONFINITE = "NONFINITE"
 RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "start_time", "end_time", *TAG_COLUMNS, "params")
 AXIS_PARAMS = ("model", "scheme", "layout", "buffer_slots")  # shown in their own columns
 PROBE_ARTIFACT = "probes/final/probes.json"
@@ -104,7 +109,9 @@ def collect_runs(client: Any, experiments: Sequence[str] = (), filter_string: st
     records = []
     try:
         runs = list(_search(client, list(ids.values()), filter_string))
-    except Exception as error:  # a bad filter string
+    except Exception as error:  # a bad filter string (a damaged store is said by the caller)
+        if store_damage(error) is not None:
+            raise
         raise ResultsError(f"--filter {filter_string!r} is invalid: {str(error).splitlines()[0]}") from None
     for run in runs:
         tags = run.data.tags
@@ -120,6 +127,8 @@ def collect_runs(client: Any, experiments: Sequence[str] = (), filter_string: st
             **{column: tags.get(column, "") for column in TAG_COLUMNS},
             "params": dict(run.data.params),
         }
+        if run.info.status == "FINISHED" and tags.get(NONFINITE_TAG):  # finished, on non-finite losses
+            record["status"], record["error"] = NONFINITE, tags[NONFINITE_TAG]
         if not record["seed"]:
             record["seed"] = run.data.params.get("seed", "")
         if not record["preset"]:

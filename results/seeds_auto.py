@@ -82,6 +82,15 @@ def read_stage(plans_by_hash: dict[str, tuple[Arm, int]], tracking_uri: str, exp
     return evaluations, frame
 
 
+def unsettled(hashes: Sequence[str], tracking_uri: str, experiment: str) -> list[str]:
+    """The config hashes among ``hashes`` with a RUNNING run and no finished one: cells another
+    process (a worker of a grid that died) still trains, on which no stage may decide."""
+    frame = finished_runs(tracking_uri, experiment)
+    mine = frame[frame["config_hash"].isin(list(hashes))]
+    settled = set(mine[mine["status"].isin(["FINISHED", collect.NONFINITE])]["config_hash"])
+    return sorted(set(mine[mine["status"] == "RUNNING"]["config_hash"]) - settled)
+
+
 def finished_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
     """The experiment's runs; none when the store or the experiment does not exist yet (nothing is created)."""
     if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
@@ -150,6 +159,16 @@ def run_auto(
         code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command,
                          only=lambda cell, chosen=chosen: arm_of(cell) in chosen)  # fmt: skip
         status = status or code
+        stage_hashes = [
+            with_seed(p, s).config_hash for a, p in zip(arms, arm_plans, strict=True) if a in chosen for s in seeds
+        ]
+        if running := unsettled(stage_hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment):
+            print(
+                f"seeds=auto stops: {len(running)} run(s) of stage {k + 1} are still RUNNING in another process; "
+                "no decision is taken on them: run the same command again once they end",
+                file=out,
+            )
+            return status or 1
         evaluations, frame = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
         arm_by_run = _arms_by_run(frame, hashes)
         verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]

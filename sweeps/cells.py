@@ -8,9 +8,11 @@ it propagates, and the launcher reports the cell INTERRUPTED and starts nothing 
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 # What became of a cell. FAILED and INTERRUPTED cells whose process could not close its MLflow
 # run (a worker killed by a signal) are closed by the sweep (sweeps/closing.py).
@@ -95,21 +97,38 @@ def run_cell(cell: Cell, threads: int | None = None) -> CellOutcome:
     import torch
 
     from experiments.compose import compose_config
+    from experiments.locks import RunInUseError
+    from experiments.store.sqlite import damaged_store_error
     from experiments.train import is_pruned, train
 
     if threads:
         torch.set_num_threads(threads)
+    cfg = None
     try:
-        result = train(compose_config(cell.overrides))
+        cfg = compose_config(cell.overrides)
+        result = train(cfg)
+    except RunInUseError as error:  # another process trains it now (a worker of a grid that died): not a failure
+        print(f"[mesh-sweep] {error}", file=sys.stderr)
+        return CellOutcome.interrupted(cell, str(error))
     except Exception as error:  # the grid goes on; train() already marked the MLflow run FAILED
         if is_pruned(error):
             return CellOutcome(cell.index, cell.overrides, PRUNED, cell.label, error=str(error))
+        if cfg is not None and (damaged := damaged_store_error(error, _store_uri(cfg))) is not None:
+            print(f"error: {damaged}", file=sys.stderr)  # a store damaged while the grid ran: its one line
+            return CellOutcome.failed(cell, str(damaged))
         if getattr(error, "one_line", False):  # a divergence, a full disk: its line says it all
             print(f"error: {error}", file=sys.stderr)
         else:
             traceback.print_exc()
         return CellOutcome.failed(cell, f"{type(error).__name__}: {error}".splitlines()[0])
     return CellOutcome.from_result(cell, FINISHED, result)
+
+
+def _store_uri(cfg: object) -> str:
+    from experiments.store.sqlite import resolve_tracking_uri
+
+    runs_dir = Path(str(cfg.runs_dir)).expanduser()  # type: ignore[attr-defined]
+    return resolve_tracking_uri(cfg.tracking.tracking_uri, runs_dir, os.environ)  # type: ignore[attr-defined]
 
 
 def run_cell_reporting_stops(cell: Cell, threads: int | None = None) -> CellOutcome:

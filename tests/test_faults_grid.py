@@ -303,6 +303,7 @@ def test_rebuild_store_given_to_a_grid_reaches_its_parent_run_too(tmp_path, cell
     ((parent,), (trained,)) = store(runs_dir)
     assert parent.info.status == "FINISHED" and trained.info.status == "FINISHED"
     assert parent.data.metrics["cells_skipped"] == 1 and parent.data.metrics["cells_finished"] == 1
+    assert parent.data.metrics["cells_done"] == 2  # the grid's count, whichever invocation trained them
     assert trained.data.tags["scheme"] == "mesh"
 
     again = sweep("scheme=base")  # the first grid: its parent run was in the store set aside
@@ -356,3 +357,71 @@ def test_the_same_config_and_seed_trained_twice_is_one_replicate(tmp_path):
     assert "`seed0-first` (kept `seed0-again`, row `base 1+2R2+1`, seed 0, config_hash `aaaaaaaaaaaa`)" in report
     runs = pd.read_csv(out / "runs.csv", keep_default_na=False)
     assert runs.set_index("run_id").loc[earlier, "duplicate_of"] == latest
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_sweep_takes_its_workers_with_it_without_a_traceback(tmp_path, cell):
+    """The kernel signals each worker when the sweep dies (prctl PR_SET_PDEATHSIG on Linux): its cell
+    stops as on SIGTERM, checkpoint saved and run KILLED, instead of training on as an orphan."""
+    runs = tmp_path / "runs"
+    args = ["schemes", "scheme=base,mesh", "launcher=parallel", "launcher.workers=2"]
+    process, log = start_sweep([*args, *cell(2000, checkpoint_every=10), f"runs_dir={runs}"], tmp_path)
+    both = lambda: checkpointed(runs, "base") and checkpointed(runs, "mesh")  # noqa: E731
+    wait_for(both, 600, process, "both cells to train 10 steps")
+    workers = cell_workers(process.pid)
+    assert len(workers) == 2
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 120  # each saves its checkpoint and closes its run first
+    while [pid for pid in workers if Path(f"/proc/{pid}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # none left training as an orphan
+    assert "Traceback" not in (tmp_path / "sweep.err").read_text()
+    _, cells = store(runs)
+    assert len(cells) == 2
+    for run in cells:  # each stopped as on SIGTERM: a re-run resumes it from its checkpoint
+        assert run.info.status == "KILLED" and run.data.tags["terminated"].startswith("SIGTERM at step ")
+        assert (Path(run.data.tags["run_dir"]) / "checkpoints" / "last.ckpt").exists()
+
+
+def test_seeds_auto_takes_no_decision_on_a_cell_another_process_still_trains(tmp_path):
+    """A run still RUNNING (a worker of a grid that died trains it) is no settled cell: seeds=auto
+    names it instead of deciding on the runs that happen to be finished."""
+    from results.seeds_auto import unsettled
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("auto")
+    for config_hash, statuses in {"a": ["FINISHED"], "b": ["RUNNING"], "c": ["RUNNING", "FINISHED"]}.items():
+        for status in statuses:
+            run = client.create_run(experiment, tags={"config_hash": config_hash, "seed": "0", "scheme": "base"})
+            if status != "RUNNING":
+                client.set_terminated(run.info.run_id, status)
+    assert unsettled(["a", "b", "c", "d"], uri, "auto") == ["b"]
+    assert unsettled(["a", "c"], uri, "auto") == []
+
+
+def test_a_cell_whose_run_another_live_process_holds_is_one_line_and_not_failed(tmp_path, grid_cell_overrides, capfd):
+    """What a re-run meets while a worker of the grid that died still holds a cell's run folder: the
+    cell says so in one line and stays INTERRUPTED (re-run to resume), not FAILED with a traceback."""
+    from experiments.compose import compose_config
+    from experiments.plan import plan_run
+    from sweeps.cells import INTERRUPTED, Cell, run_cell
+
+    overrides = grid_cell_overrides("probes.enabled=false", f"runs_dir={tmp_path / 'runs'}")
+    run_dir = plan_run(compose_config(overrides)).run_dir
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from experiments.locks import RunLock; import sys, time\n"
+         f"with RunLock(__import__('pathlib').Path({str(run_dir)!r})):\n print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        outcome = run_cell(Cell(0, overrides, "scheme=base"))
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capfd.readouterr().err
+    assert outcome.status == INTERRUPTED and f"is in use by PID {holder.pid}" in outcome.error
+    said = [line for line in err.splitlines() if "in use by PID" in line]
+    assert said == [f"[mesh-sweep] {outcome.error}"] and "Traceback" not in err

@@ -7,9 +7,11 @@ One real run fills a real sqlite store; each case damages a copy and runs the re
 
 from __future__ import annotations
 
-import shutil
+import random
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import mlflow
@@ -40,19 +42,28 @@ def store_with_a_run(tmp_path_factory) -> Path:
     return runs_dir / "mlflow.db"
 
 
+def root_page(store: Path, name: str) -> int:
+    with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as connection:
+        return connection.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
+
+
 def damaged_copy(store: Path, tmp_path: Path, damage: str) -> Path:
     runs_dir = tmp_path / "runs"
     runs_dir.mkdir()
     db = runs_dir / "mlflow.db"
-    data = store.read_bytes()
+    data = bytearray(store.read_bytes())
     if damage == "truncated":
-        db.write_bytes(data[: len(data) // 2])
-    else:  # pages overwritten in place: the size is right, the tables are not
-        db.write_bytes(data[:4096] + b"\x5a" * (len(data) - 4096))
+        data = data[: len(data) // 2]
+    elif damage == "overwritten":  # pages overwritten in place: the size is right, the tables are not
+        data[4096:] = b"\x5a" * (len(data) - 4096)
+    else:  # one page of random bytes: the runs table's, or an index's (a count over runs never reads it)
+        page = root_page(store, {"runs page": "runs", "index page": "index_metrics_run_uuid_key_step"}[damage])
+        data[(page - 1) * 4096 : page * 4096] = random.Random(damage).randbytes(4096)
+    db.write_bytes(bytes(data))
     return db
 
 
-@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+@pytest.mark.parametrize("damage", ["truncated", "overwritten", "runs page", "index page"])
 def test_a_damaged_store_stops_every_command_with_one_line_and_is_kept(store_with_a_run, tmp_path, damage):
     db = damaged_copy(store_with_a_run, tmp_path, damage)
     before = db.read_bytes()
@@ -60,20 +71,35 @@ def test_a_damaged_store_stops_every_command_with_one_line_and_is_kept(store_wit
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, done.stderr
         assert lines[0].startswith(f"error: the MLflow store {db} is damaged (")
-        assert f'sqlite3 {db} ".recover" | sqlite3 ' in lines[0] and "tracking.rebuild_store=true" in lines[0]
-    assert db.read_bytes() == before  # kept as it was, where it was (sqlite's own -wal/-shm may appear beside it)
+        assert f"python -m experiments.store.recover {db} " in lines[0] and "tracking.rebuild_store=true" in lines[0]
+    assert db.read_bytes() == before  # nothing written into it (sqlite's own -wal/-shm may appear beside it)
     assert {p.name for p in db.parent.iterdir()} <= {"mlflow.db", "mlflow.db-wal", "mlflow.db-shm", ".mlflow.db.lock"}
 
 
 def test_the_recover_command_it_names_gets_the_runs_back(store_with_a_run, tmp_path):
-    if shutil.which("sqlite3") is None:
-        pytest.skip("no sqlite3 command")
-    db = damaged_copy(store_with_a_run, tmp_path, "truncated")
+    db = damaged_copy(store_with_a_run, tmp_path, "index page")
     line = mesh_train(db.parent, "seed=1").stderr.strip()
-    recover = line.split("recover its runs with ")[1].split(" and use ")[0]
-    subprocess.run(recover, shell=True, check=True, capture_output=True)
+    recover = line.split("copy what it still holds with ")[1].split(" and use ")[0]
+    done = subprocess.run(recover.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr  # an index is rebuilt, never read: nothing is lost
     recovered = db.with_name("mlflow-recovered.db")
-    assert recovered.is_file()  # what .recover can read of a half store; the command itself is what is checked
+    assert f"use tracking.tracking_uri=sqlite:///{recovered}" in done.stdout
+    before, after = (mlflow.MlflowClient(f"sqlite:///{path}") for path in (store_with_a_run, recovered))
+    (original,) = before.search_runs([before.get_experiment_by_name("mesh").experiment_id])
+    (run,) = after.search_runs([after.get_experiment_by_name("mesh").experiment_id])
+    assert (run.info.run_id, run.info.status, run.data.params, run.data.tags, run.data.metrics) == (
+        original.info.run_id,
+        original.info.status,
+        original.data.params,
+        original.data.tags,
+        original.data.metrics,
+    )
+    for key in original.data.metrics:
+        assert after.get_metric_history(run.info.run_id, key) == before.get_metric_history(run.info.run_id, key)
+    trained = mesh_train(
+        db.parent, "seed=1", f"tracking.tracking_uri=sqlite:///{recovered}"
+    )  # the store takes new runs
+    assert trained.returncode == 0, trained.stderr
 
 
 def test_rebuild_store_sets_a_damaged_store_aside_and_trains_into_a_new_one(store_with_a_run, tmp_path):

@@ -40,6 +40,8 @@ class DataConfig:
     # Check data.path (text, indexed) when the run or grid is planned, on the machine that plans it;
     # false for data that only exists where the job runs (staged to a node's local disk).
     check_path: bool = True
+    # corpus=text: read invalid UTF-8 as U+FFFD (the count is said per file) instead of stopping
+    replace_invalid_utf8: bool = False
 
     def validate(self) -> None:
         """Raise a one-line ``ConfigError`` (a ValueError) for the first bad field."""

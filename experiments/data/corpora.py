@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -92,16 +93,51 @@ def split_names(names: Sequence[str], val_fraction: float) -> tuple[list[str], l
     return [n for n in ordered if n not in val], [n for n in ordered if n in val]
 
 
-def _read_utf8(root: Path) -> Callable[[str], str]:
+def _read_utf8(root: Path, strict: bool = False) -> Callable[[str], str]:
+    """A reader of UTF-8 files under ``root``; ``strict``: a file with invalid UTF-8 anywhere is a
+    one-line ConfigError naming it and the count, else each invalid sequence becomes U+FFFD."""
+
     def read(name: str) -> str:
-        return (root / name).read_text(encoding="utf-8", errors="replace")
+        try:
+            return (root / name).read_text(encoding="utf-8", errors="strict" if strict else "replace")
+        except UnicodeDecodeError:
+            raw = (root / name).read_bytes()
+            invalid = invalid_utf8(raw)
+            raise ConfigError(
+                "data.path",
+                str(root / name),
+                f"has {invalid} invalid UTF-8 sequence(s) in its {len(raw)} bytes; convert it (iconv -t utf-8), "
+                "or set data.replace_invalid_utf8=true to train on U+FFFD in their place",
+            ) from None
 
     return read
 
 
-def _file_corpus(name: str, identity: str, root: Path, files: Sequence[Path], content: str = "") -> Corpus:
+def _replacing_reader(root: Path) -> Callable[[str], str]:
+    def read(name: str) -> str:
+        text = (root / name).read_text(encoding="utf-8", errors="replace")
+        if "\ufffd" in text and (invalid := invalid_utf8((root / name).read_bytes())):
+            print(
+                f"[mesh] data.replace_invalid_utf8=true: {invalid} invalid UTF-8 sequence(s) of {root / name} "
+                "replaced by U+FFFD",
+                file=sys.stderr,
+                flush=True,
+            )
+        return text
+
+    return read
+
+
+def invalid_utf8(raw: bytes) -> int:
+    """How many invalid UTF-8 sequences ``raw`` holds (each becomes one U+FFFD when decoded)."""
+    return raw.decode("utf-8", errors="replace").count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
+
+
+def _file_corpus(
+    name: str, identity: str, root: Path, files: Sequence[Path], content: str = "", reader: Callable | None = None
+) -> Corpus:
     names = tuple(sorted(p.relative_to(root).as_posix() for p in files))
-    return Corpus(name, identity, names, _read_utf8(root), content)
+    return Corpus(name, identity, names, reader or _read_utf8(root), content)
 
 
 def _fetched_content(folder: Path) -> str:
@@ -160,14 +196,18 @@ def cpython(max_documents: int | None = None) -> Corpus:
     return _file_corpus("cpython", identity, root, files)
 
 
-def text(path: str) -> Corpus:
+def text(path: str, replace_invalid_utf8: bool = False) -> Corpus:
     """A text file (one document) or a folder of text files (each a document, recursive, sorted).
 
-    Hidden files and folders are skipped, and so are empty files.
+    Hidden files and folders are skipped, and so are empty files. Invalid UTF-8 anywhere in a file
+    stops the run in one line when the file is read, unless ``replace_invalid_utf8``: then each
+    invalid sequence is read as U+FFFD and the count said, per file.
     """
     root, base, files, stats = _text_files(path)
-    identity = f"text-{digest(str(root.resolve()), stats, length=12)}"
-    return _file_corpus("text", identity, base, files)
+    decoding = "utf8-replace" if replace_invalid_utf8 else "utf8-strict"  # caches of one never serve the other
+    identity = f"text-{digest(str(root.resolve()), stats, decoding, length=12)}"
+    reader = _replacing_reader(base) if replace_invalid_utf8 else _read_utf8(base, strict=True)
+    return _file_corpus("text", identity, base, files, reader=reader)
 
 
 def check_text_files(path: str) -> None:
@@ -256,7 +296,7 @@ def load_corpus(cfg: DataConfig, name: str | None = None, max_documents: int | N
     elif name == "cpython":
         corpus = cpython(max_documents)
     elif name == "text":
-        corpus = text(cfg.path or "")
+        corpus = text(cfg.path or "", cfg.replace_invalid_utf8)
     elif name == "hf":
         corpus = hf(cfg.hf_dataset or "", cfg.hf_config, cfg.hf_split, cfg.hf_text_field)
     else:

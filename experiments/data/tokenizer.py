@@ -94,6 +94,8 @@ def bpe_tokenizer(corpus: Corpus, val_fraction: float, vocab_size: int, cache_di
     path = cache_root(cache_dir) / "tokenizers" / f"bpe-{corpus.name}-{vocab_size}-{key}" / "tokenizer.json"
     if path.is_file():
         cached, damage = _cached_bpe(path)
+        if cached is not None and cached.vocab_size > vocab_size:  # BPE never trains past the size asked
+            damage, cached = f"has {cached.vocab_size} tokens, more than data.bpe_vocab_size={vocab_size}", None
         if cached is not None:
             return cached
         print(f"[mesh] cached tokenizer {path} {damage}; training it again", file=sys.stderr, flush=True)
@@ -116,23 +118,19 @@ def _digest_path(path: Path) -> Path:
 
 
 def _cached_bpe(path: Path) -> tuple[TextTokenizer | None, str]:
-    """The cached BPE at ``path``, or None and why it cannot be used: it differs from the sha256
-    recorded when it was trained (a file from before that was recorded gets it recorded now, if
-    it loads), or it does not load."""
-    actual = sha256_file(path)
+    """The cached BPE at ``path``, or None and why it cannot be used: it has no sha256 recorded
+    when it was trained (a file put there by hand, or half made: trained again, never adopted),
+    it differs from it, or it does not load."""
     try:
         recorded = _digest_path(path).read_text().strip()
     except OSError:
-        recorded = None
-    if recorded is not None and recorded != actual:
+        return None, f"has no recorded sha256 ({_digest_path(path).name}, written when it is trained)"
+    if recorded != sha256_file(path):
         return None, f"differs from its recorded sha256 ({path.stat().st_size} bytes; damaged or edited)"
     try:
         tokenizer = TextTokenizer(Tokenizer.from_file(str(path)), "bpe")
     except Exception as error:  # tokenizers raises a bare Exception on bad JSON
         return None, f"does not load ({path.stat().st_size} bytes: {(str(error).splitlines() or ['?'])[0][:120]})"
-    if recorded is None:
-        with atomic_path(_digest_path(path)) as tmp:
-            tmp.write_text(actual + "\n")
     return tokenizer, ""
 
 

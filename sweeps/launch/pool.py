@@ -10,11 +10,13 @@ after cell, so its imports (torch, Lightning, MLflow: seconds each time) are pai
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +29,8 @@ from sweeps.launch.base import OnStart, no_start
 # too), then after SIGINT, SIGTERM and SIGKILL sent by us. A second Ctrl-C kills them at once.
 STOP_GRACE_S = (10.0, 10.0, 10.0, 5.0)
 EXIT_AFTER_OUTCOME_S = 60.0  # a worker told to exit that does not is killed
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_CHECK_S = 1.0  # where the kernel cannot signal a parent's death: how often a worker checks
 
 
 @dataclass
@@ -39,20 +43,51 @@ class _Worker:
     told_to_exit_at: float | None = None
 
 
-def _worker_process(pipe: Any, threads: int | None) -> None:
+def _worker_process(pipe: Any, threads: int | None, sweep_pid: int) -> None:
     """The body of a worker process: train each cell it is sent, send back what became of it;
-    stop at None, or after a cell that was stopped (Ctrl-C, SIGTERM)."""
-    while (cell := pipe.recv()) is not None:
-        outcome = run_cell_reporting_stops(cell, threads)
-        pipe.send(outcome)
-        if outcome.status == INTERRUPTED:
-            break
+    stop at None, after a cell that was stopped (Ctrl-C, SIGTERM), or when the sweep is gone."""
+    stop_with_parent(sweep_pid)
+    try:
+        while (cell := pipe.recv()) is not None:
+            outcome = run_cell_reporting_stops(cell, threads)
+            pipe.send(outcome)
+            if outcome.status == INTERRUPTED:
+                break
+    except (EOFError, OSError):  # the sweep died: nobody to tell, nothing to say
+        return
     pipe.close()
+
+
+def stop_with_parent(parent_pid: int) -> None:
+    """SIGTERM this process when ``parent_pid`` (the sweep) dies, even by ``kill -9``: its cell then
+    stops as on any SIGTERM (checkpoint saved, run KILLED, resumed by a re-run). Linux: the kernel
+    sends it (``prctl(PR_SET_PDEATHSIG)``); elsewhere a thread checks every second that the parent
+    is still this process's parent. A parent already gone (before this ran) is SIGTERM at once."""
+    if not _parent_death_signal(signal.SIGTERM):
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="parent-watch").start()
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _parent_death_signal(signum: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _start(context: Any, number: int, threads: int | None) -> _Worker:
     parent, child = context.Pipe(duplex=True)
-    process = context.Process(target=_worker_process, args=(child, threads), name=f"mesh-worker-{number}")
+    process = context.Process(target=_worker_process, args=(child, threads, os.getpid()), name=f"mesh-worker-{number}")
     process.start()
     child.close()  # the worker holds the only other end: its death is EOF here
     return _Worker(process, parent)
