@@ -10,6 +10,8 @@ tokens (step 250) and at the end, and the paired difference to base and anchor.
     python -m results.open_choices results/cpu-reproduction/one-pass/open_choices
 
 writes ``decision.md`` and ``selected.txt`` (the selected arms, one per line, for stage B) there.
+With ``--confirmation`` (stage B's report folder: the selected arms, base and anchor, no control) it
+writes ``readouts.md``: the same readouts per arm, no selection; the verdicts are the report's.
 """
 
 from __future__ import annotations
@@ -97,12 +99,13 @@ def _by_seed(frame: pd.DataFrame, column: str = "value") -> dict[int, float]:
     return {int(s): float(v) for s, v in zip(frame["seed"], frame[column], strict=True)}
 
 
-def evaluate_screen(runs: pd.DataFrame, routing: pd.DataFrame) -> list[ArmResult]:
-    """Every arm present, in the declared order, with its d and readouts."""
+def evaluate_screen(runs: pd.DataFrame, routing: pd.DataFrame, control: bool = True) -> list[ArmResult]:
+    """Every arm present, in the declared order, with its d and readouts (``control=False``: stage B,
+    which runs no control arm; d is then None for every arm)."""
     finished = runs[runs["status"] == "FINISHED"].copy()
     finished["arm"] = [arm_of(s, o) for s, o in zip(finished["scheme"], finished["overrides"], strict=True)]
     ppl = {arm: _by_seed(group, PPL) for arm, group in finished.groupby("arm")}
-    if CONTROL not in ppl:
+    if control and CONTROL not in ppl:
         raise ValueError("the control arm (mesh) has no finished run")
     arm_by_run = dict(zip(finished["run_id"], finished["arm"], strict=True))
     routed = routing[routing["run_id"].isin(arm_by_run)].assign(arm=lambda f: f["run_id"].map(arm_by_run))
@@ -111,7 +114,7 @@ def evaluate_screen(runs: pd.DataFrame, routing: pd.DataFrame) -> list[ArmResult
         if arm not in ppl:
             continue
         own = routed[routed["arm"] == arm]
-        d_seeds = _paired(ppl[arm], ppl[CONTROL]) if arm not in (CONTROL, *REFERENCES) else {}
+        d_seeds = _paired(ppl[arm], ppl[CONTROL]) if control and arm not in (CONTROL, *REFERENCES) else {}
         end = own[own["step"] == own["step"].max()] if not own.empty else own
         results.append(
             ArmResult(
@@ -184,6 +187,34 @@ def render_decision(results: Sequence[ArmResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_readouts(results: Sequence[ArmResult]) -> str:
+    """Stage B's readouts: per arm the PPL, the paired difference to base and anchor over the seeds both
+    have, and the routing readouts of the screen; descriptive (the verdicts are the report's claims)."""
+    pct = lambda v: f"{math.expm1(v) * 100:+.1f}%"  # noqa: E731
+    lines = [
+        "# The open-choices screen, stage B: readouts per arm",
+        "",
+        "Descriptive: the verdicts are the report's (`claims.md`, the seeds=auto design's decision). vs base, "
+        "vs anchor: exp of the mean paired difference of log PPL over the seeds both rows have, minus 1. "
+        f"f_K coef: the coda input's coefficient of the last core output at the end (collapse: < {COLLAPSE}); "
+        f"entropy: the final read's H / log B at step {EARLY_STEP} (0.5M tokens) and at the end. Per-seed values "
+        "in brackets, seeds in increasing order.",
+        "",
+        "| arm | n | PPL mean ± sd | vs base | vs anchor | f_K coef at end | collapsed | final read entropy, 0.5M | at end |",
+        "|---|---:|---|---:|---:|---|---:|---|---|",
+    ]
+    for r in results:
+        values = list(r.ppl.values())
+        sd = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+        lines.append(
+            f"| `{r.arm}` | {len(values)} | {statistics.fmean(values):.2f}{sd} | {_vs(r, 'base', pct)} | "
+            f"{_vs(r, 'anchor', pct)} | {_spread(r.fk, lambda v: f'{v:.3f}')} | "
+            f"{r.collapsed if r.fk else '—'}/{len(r.fk) or '—'} | {_spread(r.read_early, lambda v: f'{v:.3f}')} | "
+            f"{_spread(r.read_end, lambda v: f'{v:.3f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _vs(result: ArmResult, reference: str, pct: Callable[[float], str]) -> str:
     return pct(result.vs[reference]) if reference in result.vs else "—"
 
@@ -191,14 +222,22 @@ def _vs(result: ArmResult, reference: str, pct: Callable[[float], str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m results.open_choices", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="the screen's report folder (its runs.csv and routing.csv)")
+    parser.add_argument(
+        "--confirmation", action="store_true", help="stage B's report folder: readouts.md, no selection"
+    )
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     try:
         runs, routing = pd.read_csv(folder / "runs.csv"), pd.read_csv(folder / "routing.csv")
-        results = evaluate_screen(runs, routing)
+        results = evaluate_screen(runs, routing, control=not args.confirmation)
     except (OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.confirmation:
+        text = render_readouts(results)
+        (folder / "readouts.md").write_text(text)
+        print(text)
+        return 0
     text = render_decision(results)
     (folder / "decision.md").write_text(text)
     (folder / "selected.txt").write_text("".join(f"{r.arm}\n" for r in selected(results)))  # run.sh confirm reads it

@@ -137,3 +137,35 @@ def test_the_command_writes_decision_md_and_refuses_a_screen_without_its_control
     capsys.readouterr()
     assert main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "error: the control arm (mesh) has no finished run"
+
+
+def test_the_confirmation_reads_out_each_arm_without_a_control_paired_on_common_seeds(tmp_path, capsys):
+    runs, routing = _frames()
+    stage_b = runs[runs["overrides"].str.contains("z_coef") | (runs["scheme"] == "base")]
+    anchor = [  # anchor on two of the three seeds: vs anchor pairs on those two
+        {
+            "run_id": f"anchor-{s}",
+            "status": "FINISHED",
+            "scheme": "anchor",
+            "overrides": "",
+            "seed": s,
+            "val/docs/ppl": p,
+        }
+        for s, p in ((12, 50.0), (13, 55.0))
+    ]
+    pd.concat([stage_b, pd.DataFrame(anchor)]).to_csv(tmp_path / "runs.csv", index=False)
+    routing.to_csv(tmp_path / "routing.csv", index=False)
+    assert main([str(tmp_path), "--confirmation"]) == 0
+    assert not (tmp_path / "decision.md").exists() and not (tmp_path / "selected.txt").exists()
+    results = {r.arm: r for r in evaluate_screen(pd.read_csv(tmp_path / "runs.csv"), routing, control=False)}
+    assert list(results) == ["mesh_z_loss", "base", "anchor"] and results["mesh_z_loss"].d is None
+    z = ROWS["mesh_z_loss"][2]
+    assert results["mesh_z_loss"].vs["base"] == pytest.approx(sum(math.log(p / 57.0) for p in z) / 3)
+    assert results["mesh_z_loss"].vs["anchor"] == pytest.approx((math.log(z[0] / 50.0) + math.log(z[1] / 55.0)) / 2)
+    text = (tmp_path / "readouts.md").read_text()
+    vs_anchor = math.expm1((math.log(z[0] / 50.0) + math.log(z[1] / 55.0)) / 2) * 100
+    assert (
+        f"| `mesh_z_loss` | 3 | 57.33 ± 3.06 | {math.expm1(results['mesh_z_loss'].vs['base']) * 100:+.1f}% | {vs_anchor:+.1f}% |"
+        in text
+    )
+    assert "| `anchor` | 2 | 52.50 ± 3.54 |" in text

@@ -138,7 +138,8 @@ for stage in "${STAGES[@]}"; do
       [ -d "$RUNS" ] && report lr_disjoint onepass_lr_disjoint
       [ -d "$RUNS" ] && report open_choices onepass_open_choices \
         && .venv/bin/python -m results.open_choices "$OUT/open_choices" >/dev/null  # the declared rule: decision.md
-      [ -d "$RUNS" ] && report open_choices_confirm onepass_open_choices_confirm
+      [ -d "$RUNS" ] && report open_choices_confirm onepass_open_choices_confirm \
+        && .venv/bin/python -m results.open_choices --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
       echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, plan or report" >&2
