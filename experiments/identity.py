@@ -53,6 +53,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "optim.warmup_steps": None,
     "optim.lr_by_scheme": {},
     "optim.router_lr_scale": 1.0,
+    "data.replace_invalid_utf8": False,
 }
 # The model axes of the config; the hash takes the model they resolve to instead.
 MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")

@@ -384,7 +384,7 @@ def test_a_grid_in_a_log_says_each_start_and_end_and_its_parent_run_says_what_th
     experiment_id = parent.info.experiment_id
     store = f"sqlite:///{runs / 'mlflow.db'}"
     assert f"results: mesh-results schemes --runs-dir {runs}\n" in text.replace(f"{Path(sys.executable).parent}/", "")
-    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id, KEY_METRICS_VIEW)}")
+    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id, GROUPED_VIEW)}")
     assert SHARED_VIEW_TAG + KEY_METRICS_VIEW in client.get_experiment(experiment_id).tags
     # The grouped view, written when the grid started (no mesh-results ran): seeds folded by scheme.
     grouped = read_view(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])
