@@ -70,6 +70,25 @@ VANILLA = "vanilla"
 INIT = "per-tensor-streams"
 
 
+# Settings that configure one kind of scheme only: MeSH's routers and reads (``model_overrides.mesh_*``)
+# leave a run of any other scheme as it was, so they do not set a MeSH row apart from its base row.
+SCHEME_ONLY_SETTINGS = {"model_overrides.mesh_": "mesh"}
+
+
+def applies_to(key: str, scheme: str) -> bool:
+    """True when the setting ``key`` can change what a run of ``scheme`` computes (False: a setting of
+    :data:`SCHEME_ONLY_SETTINGS` beside another kind of scheme; a name that parses as no scheme,
+    such as ``vanilla``, takes none of them)."""
+    kinds = [kind for prefix, kind in SCHEME_ONLY_SETTINGS.items() if key.startswith(prefix)]
+    if not kinds:
+        return True
+    try:
+        own = SchemeSpec.parse(scheme).kind
+    except (ConfigError, ValueError):
+        return False
+    return own in kinds
+
+
 def canonical_variant(name: str) -> str:
     """``vanilla`` or the scheme's canonical name (``anchor*`` -> ``anchor_emb``); a ``ConfigError``
     for a name that is neither."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from experiments.identity import applies_to
 from mesh_model import ConfigError, Layout
 from mesh_model.scheme_names import PAPER_SCHEMES
 from results.collect import NONFINITE, RUN_COLUMNS, grouping_params, overrides_label, validation_sets
@@ -99,6 +100,16 @@ class Row:
     stats: dict[str, Stat]
     paper: dict[str, PaperValue] = field(default_factory=dict)
 
+    def settings_for(self, scheme: str) -> str:
+        """This row's overrides that would change a run of ``scheme`` (MeSH's own settings say nothing
+        of a base run): what a row of ``scheme`` must share to be compared with this one."""
+        return " ".join(w for w in self.overrides.split() if applies_to(w.split("=", 1)[0], scheme))
+
+    def comparable(self, other: Row) -> bool:
+        """Same settings, leaving out on each side the ones that cannot change the other's scheme (a
+        MeSH arm's ``model_overrides.mesh_router_z_coef`` is compared with the plain base row)."""
+        return self.settings_for(other.scheme) == other.settings_for(self.scheme)
+
     @property
     def is_moe(self) -> bool:
         """A mixture-of-experts row: its runs logged their active parameters (dense runs do not)."""
@@ -167,7 +178,7 @@ class Block:
     def reference(self, row: Row, scheme: str, same_layout: bool) -> Row | None:
         """The row of ``scheme`` that ``row`` is compared with: same overrides if there is one."""
         candidates = [r for r in self.rows if r.scheme == scheme and (not same_layout or r.layout == row.layout)]
-        same = [r for r in candidates if r.overrides == row.overrides]
+        same = [r for r in candidates if r.comparable(row)]
         return (same or candidates or [None])[0]
 
 

@@ -338,11 +338,7 @@ def evaluate(results: Results, claims: ClaimSet | None = None) -> list[Evaluatio
             for row in block.rows:
                 if not claim.row.selects(row):
                     continue
-                others = [
-                    r
-                    for r in block.rows
-                    if r is not row and r.overrides == row.overrides and claim.against.selects(r, row)
-                ]
+                others = [r for r in block.rows if r is not row and r.comparable(row) and claim.against.selects(r, row)]
                 for metric, supplementary in _metrics(claim, results, [row, *others]):
                     for evaluation in _evaluate_row(claim, block.name, row, others, metric, claims.alpha):
                         evaluation.supplementary = supplementary

@@ -213,10 +213,10 @@ def _param(params: dict[str, str], key: str, free: set[str]) -> str | None:
 
 
 def overrides_label(params: dict[str, str] | Any, keys: Sequence[str]) -> str:
-    if not isinstance(params, dict):
-        return ""
     """``key=value`` of each key the run set (a key it left unset, such as the control's override of
     an arm, says nothing)."""
+    if not isinstance(params, dict):
+        return ""
     return " ".join(f"{k}={params[k]}" for k in keys if params.get(k, "") != "")
 
 

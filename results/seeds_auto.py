@@ -67,6 +67,13 @@ def primary_claims(claims: ClaimSet, plans: Sequence[RunPlan]) -> list[str]:
     return found
 
 
+def untested_claims(primary: Sequence[str], verdicts: Sequence[Verdict]) -> list[str]:
+    """The primary claims no verdict of this stage speaks for: a stage that leaves one untested (its
+    rows were not compared, or a run is missing) decides nothing, rather than "every claim decided"."""
+    spoken = {v.claim for v in verdicts}
+    return [c for c in primary if c not in spoken]
+
+
 def read_stage(plans_by_hash: dict[str, tuple[Arm, int]], tracking_uri: str, experiment: str, claims: ClaimSet):
     """The primary evaluations of the finished runs of this grid, and the frame of those runs."""
     frame = finished_runs(tracking_uri, experiment)
@@ -173,6 +180,15 @@ def run_auto(
         arm_by_run = _arms_by_run(frame, hashes)
         verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]
         print(f"\n{verdict_table(verdicts)}", file=out)
+        if untested := untested_claims(primary, verdicts):
+            stop = (
+                f"no decision on stage {k + 1}: the primary claim(s) {', '.join(untested)} have no comparison in "
+                "this stage's finished runs (mesh-results' claims.md says why for each)"
+            )
+            stages.append({"stage": k + 1, "seeds": seeds, "arms": len(chosen), "verdicts": [], "spent_h": spent_h})
+            _record(name, rest, auto, arm_plans, stages, stop)
+            print(f"seeds=auto stops: {stop}", file=out)
+            return status or 1
         measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
         open_claims = [v.claim for v in verdicts if v.decision == CONTINUE]
         if open_claims and k < len(design.looks) - 1:  # re-planned on the SD the runs show so far

@@ -200,3 +200,13 @@ def test_an_arm_is_the_run_its_keys_spell_out(tmp_path, arm, spelled_out):
     own_slot = plan(tmp_path, "arm=mesh_own_slot")
     by_hand = ["scheme=mesh", "+model_overrides.mesh_router_init=own_slot"]
     assert own_slot.config_hash == plan(tmp_path, *by_hand).config_hash != plan(tmp_path, "arm=mesh").config_hash
+
+
+def test_mesh_only_settings_apply_to_mesh_runs_alone():
+    from experiments.identity import applies_to
+
+    assert applies_to("model_overrides.mesh_router_z_coef", "mesh")
+    assert not applies_to("model_overrides.mesh_router_z_coef", "base")
+    assert not applies_to("model_overrides.mesh_final_read", "anchor_emb")
+    assert not applies_to("model_overrides.mesh_router_norm", "vanilla")
+    assert applies_to("optim.lr", "base") and applies_to("model_overrides.n_heads", "base")

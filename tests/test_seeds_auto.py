@@ -121,3 +121,29 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
     )
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "from 4 finished paired seeds" in plan.stdout and "(measured run times)" in plan.stdout
+
+
+def test_an_arm_with_mesh_only_settings_is_tested_against_base_and_a_stage_without_a_comparison_decides_nothing(
+    tmp_path,
+):
+    """The open-choices confirmation: a MeSH arm (``model_overrides.mesh_router_z_coef``) against the
+    plain base row. Its MeSH-only setting cannot change a base run, so the rows are compared and the
+    stage has a verdict (before, the rows were not compared and the empty stage stopped "decided")."""
+    args = ["arm=mesh_z_loss,base", "seeds=auto", "seeds.stage=2", "seeds.max=4", "seeds.futility=false", *CELL]
+    out = io.StringIO()
+    assert run_sweep("mesh_open_choices", [*args, f"runs_dir={tmp_path}"], out=out) == 0
+    text = out.getvalue()
+    assert "primary claims mesh_below_base;" in text and "stage 1: seeds 0..1 on 2 arm(s)" in text
+    assert "no decision on stage" not in text
+    (line, *_) = [row for row in text.splitlines() if row.startswith("mesh_below_base ")]
+    assert int(line.split()[1]) >= 2 and "mesh 1+2R2+1 B5 model_overrides.mesh_router_z_coef=0.001 vs base" in line
+
+
+def test_untested_primary_claims_are_named():
+    from results.seeds_auto import untested_claims
+    from results.sequential_verdicts import Verdict
+
+    spoken = Verdict("mesh_below_base", "mesh vs base", 3, 0.01, 0.5, 391.5, "continue", "continue")
+    assert untested_claims(["mesh_below_base", "mesh_below_anchor"], [spoken]) == ["mesh_below_anchor"]
+    assert untested_claims(["mesh_below_base"], [spoken]) == []
+    assert untested_claims(["mesh_below_base"], []) == ["mesh_below_base"]
