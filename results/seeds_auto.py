@@ -257,7 +257,7 @@ def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, o
     gpus = launch.resources.gpus_per_node * launch.resources.nodes
     eta = duration_text(wall / max(1, launch.launcher.concurrency))
     print(
-        f"next: seeds {design.looks[k]}..{design.looks[k + 1] - 1} on {len(needed)} arm(s); "
+        f"next: seeds {auto.first + design.looks[k]}..{auto.first + design.looks[k + 1] - 1} on {len(needed)} arm(s); "
         f"projected {cost:.3g} CPU-h{f', {wall * gpus / 3600:.3f} GPU-h' if gpus else ''}, ETA {eta} "
         f"(measured run times of this stage)",
         file=out,

@@ -147,3 +147,18 @@ def test_untested_primary_claims_are_named():
     assert untested_claims(["mesh_below_base", "mesh_below_anchor"], [spoken]) == ["mesh_below_anchor"]
     assert untested_claims(["mesh_below_base"], [spoken]) == []
     assert untested_claims(["mesh_below_base"], []) == ["mesh_below_base"]
+
+
+def test_the_next_stage_is_named_by_its_seeds_from_seeds_first():
+    from types import SimpleNamespace
+
+    from results.seeds_auto import _stop_reason
+    from sweeps.grid import AutoSeeds
+
+    auto = AutoSeeds(stage=3, max=12, first=100)
+    design = Design(auto.stage, auto.max, auto.alpha, 2, auto.spending, auto.futility)
+    resources = SimpleNamespace(gpus_per_node=0, nodes=1, cpus_per_task=1, tasks=1)
+    launch = SimpleNamespace(resources=resources, launcher=SimpleNamespace(concurrency=2, memory_limit=lambda r: None))
+    out = io.StringIO()
+    assert _stop_reason({"mesh"}, 0, design, auto, {"mesh": 360.0}, 0.0, launch, out) == ""
+    assert out.getvalue().startswith("next: seeds 103..105 on 1 arm(s); projected ")
