@@ -46,7 +46,13 @@ def verdict(row: Row, base: Row | None, evaluations: Sequence[Evaluation], metri
     others: list[str] = []
     for e in evaluations:
         involved = {id(e.row), *(id(x.other) for x in e.lines)}
-        if e.claim.kind != "pairwise" or e.supplementary or e.metric not in metrics or id(row) not in involved:
+        if (
+            e.claim.kind != "pairwise"
+            or e.supplementary
+            or not e.lines
+            or e.metric not in metrics
+            or id(row) not in involved
+        ):
             continue
         if len(e.lines) == 1 and involved == {id(row), id(base)}:
             return f"`{e.claim.id}`: {e.verdict_text}"

@@ -32,3 +32,11 @@ def test_the_best_row_untested_against_base_names_the_claims_that_test_it():
     assert verdict(mesh, base, claims, {PPL}) == "`mesh_below_base`: holds"
     assert verdict(SimpleNamespace(label="residual"), base, claims, {PPL}) == NO_CLAIM
     assert verdict(base, base, claims, {PPL}) == "reference"
+
+
+def test_a_claim_that_compared_nothing_is_not_named():
+    """A claim left "not tested" (its other row is absent: an LR grid of MeSH rows alone) has no
+    lines, and the ranking does not send the reader to it."""
+    base, mesh = SimpleNamespace(label="base"), SimpleNamespace(label="mesh lr=0.008")
+    untested = [evaluation("mesh_below_base", mesh, []), evaluation("mesh_below_anchor", mesh, [])]
+    assert verdict(mesh, base, untested, {PPL}) == NO_CLAIM
