@@ -154,9 +154,27 @@ def _spread(values: dict[int, float], text: Callable[[float], str]) -> str:
     return f"{text(statistics.fmean(values.values()))} ({', '.join(text(v) for _, v in sorted(values.items()))})"
 
 
+def _pct(value: float) -> str:
+    return f"{math.expm1(value) * 100:+.1f}%"
+
+
+def _mean_sd(r: ArmResult) -> str:
+    values = list(r.ppl.values())
+    sd = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):.2f}{sd}"
+
+
+def _readout_cells(r: ArmResult) -> str:
+    """The table cells both stages share: vs base, vs anchor, f_K at the end, collapsed, the entropies."""
+    return (
+        f"{_vs(r, 'base', _pct)} | {_vs(r, 'anchor', _pct)} | {_spread(r.fk, lambda v: f'{v:.3f}')} | "
+        f"{r.collapsed if r.fk else '—'}/{len(r.fk) or '—'} | {_spread(r.read_early, lambda v: f'{v:.3f}')} | "
+        f"{_spread(r.read_end, lambda v: f'{v:.3f}')} |"
+    )
+
+
 def render_decision(results: Sequence[ArmResult]) -> str:
     chosen = selected(results)
-    pct = lambda v: f"{math.expm1(v) * 100:+.1f}%"  # noqa: E731
     lines = [
         "# The open-choices screen, stage A: the declared rule applied",
         "",
@@ -171,16 +189,10 @@ def render_decision(results: Sequence[ArmResult]) -> str:
         "|---|---|---:|---:|---:|---|---:|---|---|",
     ]
     for r in results:
-        values = list(r.ppl.values())
-        sd = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
-        ppl = f"{statistics.fmean(values):.2f}{sd} ({', '.join(f'{v:.2f}' for _, v in sorted(r.ppl.items()))})"
-        d = "control" if r.arm == CONTROL else "—" if r.d is None else f"{r.d:+.4f} ({pct(r.d)})"
+        ppl = f"{_mean_sd(r)} ({', '.join(f'{v:.2f}' for _, v in sorted(r.ppl.items()))})"
+        d = "control" if r.arm == CONTROL else "—" if r.d is None else f"{r.d:+.4f} ({_pct(r.d)})"
         mark = " **selected**" if r in chosen else ""
-        lines.append(
-            f"| `{r.arm}`{mark} | {ppl} | {d} | {_vs(r, 'base', pct)} | {_vs(r, 'anchor', pct)} | "
-            f"{_spread(r.fk, lambda v: f'{v:.3f}')} | {r.collapsed if r.fk else '—'}/{len(r.fk) or '—'} | "
-            f"{_spread(r.read_early, lambda v: f'{v:.3f}')} | {_spread(r.read_end, lambda v: f'{v:.3f}')} |"
-        )
+        lines.append(f"| `{r.arm}`{mark} | {ppl} | {d} | {_readout_cells(r)}")
     lines += ["", "**Selected for stage B**: " + (", ".join(f"`{r.arm}` (d {r.d:+.4f})" for r in chosen) or "none")]
     if not chosen:
         lines.append("(the rule's answer: no single open choice moves MeSH by 1% at this scale; stage B is not run)")
@@ -190,7 +202,6 @@ def render_decision(results: Sequence[ArmResult]) -> str:
 def render_readouts(results: Sequence[ArmResult]) -> str:
     """Stage B's readouts: per arm the PPL, the paired difference to base and anchor over the seeds both
     have, and the routing readouts of the screen; descriptive (the verdicts are the report's claims)."""
-    pct = lambda v: f"{math.expm1(v) * 100:+.1f}%"  # noqa: E731
     lines = [
         "# The open-choices screen, stage B: readouts per arm",
         "",
@@ -204,14 +215,7 @@ def render_readouts(results: Sequence[ArmResult]) -> str:
         "|---|---:|---|---:|---:|---|---:|---|---|",
     ]
     for r in results:
-        values = list(r.ppl.values())
-        sd = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
-        lines.append(
-            f"| `{r.arm}` | {len(values)} | {statistics.fmean(values):.2f}{sd} | {_vs(r, 'base', pct)} | "
-            f"{_vs(r, 'anchor', pct)} | {_spread(r.fk, lambda v: f'{v:.3f}')} | "
-            f"{r.collapsed if r.fk else '—'}/{len(r.fk) or '—'} | {_spread(r.read_early, lambda v: f'{v:.3f}')} | "
-            f"{_spread(r.read_end, lambda v: f'{v:.3f}')} |"
-        )
+        lines.append(f"| `{r.arm}` | {len(r.ppl)} | {_mean_sd(r)} | {_readout_cells(r)}")
     return "\n".join(lines) + "\n"
 
 
