@@ -31,6 +31,21 @@ def loss(scheme: str, seed: int, step: int) -> float:
     return value
 
 
+def log_curve_run(client, experiment_id: str, scheme: str, layout: str, seed: int, losses: dict[int, float]) -> None:
+    """One finished run of ``scheme`` whose validation loss (and PPL, and val_loss) was logged at each
+    step of ``losses``, as train() logs it."""
+    tags = {"scheme": scheme, "layout": layout, "preset": "tiny", "seed": str(seed), "buffer_slots": ""}
+    run_id = client.create_run(experiment_id, tags=tags, run_name=f"{scheme}-s{seed}").info.run_id
+    for key, value in {"model": "tiny", "scheme": scheme, "seed": seed, "data.corpus": "shakespeare"}.items():
+        client.log_param(run_id, key, value)
+    client.log_metric(run_id, "tokens_per_step", TOKENS_PER_STEP, step=0)
+    for step, value in losses.items():
+        client.log_metric(run_id, "val/shakespeare/loss", value, step=step)
+        client.log_metric(run_id, "val/shakespeare/ppl", math.exp(value), step=step)
+        client.log_metric(run_id, "val_loss", value, step=step)
+    client.set_terminated(run_id, "FINISHED")
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """A sqlite store with three schemes x three seeds whose validation was logged at STEPS
@@ -41,17 +56,9 @@ def report(tmp_path_factory):
     experiment_id = client.create_experiment("curves", artifact_location=(root / "artifacts").as_uri())
     for scheme, layout in ROWS:
         for seed in SEEDS:
-            tags = {"scheme": scheme, "layout": layout, "preset": "tiny", "seed": str(seed), "buffer_slots": ""}
-            run_id = client.create_run(experiment_id, tags=tags, run_name=f"{scheme}-s{seed}").info.run_id
-            for key, value in {"model": "tiny", "scheme": scheme, "seed": seed, "data.corpus": "shakespeare"}.items():
-                client.log_param(run_id, key, value)
-            client.log_metric(run_id, "tokens_per_step", TOKENS_PER_STEP, step=0)
-            for step in STEPS:
-                value = loss(scheme, seed, step)
-                client.log_metric(run_id, "val/shakespeare/loss", value, step=step)
-                client.log_metric(run_id, "val/shakespeare/ppl", math.exp(value), step=step)
-                client.log_metric(run_id, "val_loss", value, step=step)
-            client.set_terminated(run_id, "FINISHED")
+            log_curve_run(
+                client, experiment_id, scheme, layout, seed, {step: loss(scheme, seed, step) for step in STEPS}
+            )
     out = root / "out"
     assert main(["curves", "--tracking-uri", uri, "--out", str(out)]) == 0
     return out, client

@@ -4,9 +4,8 @@ sqlite store of two seeds."""
 
 from __future__ import annotations
 
-import math
-
 import mlflow
+from test_curves import log_curve_run
 
 from results.cli import main
 
@@ -28,17 +27,9 @@ def test_every_comparison_over_training_at_two_seeds_carries_the_fragile_mark(tm
     experiment_id = client.create_experiment("curves2", artifact_location=(tmp_path / "artifacts").as_uri())
     for scheme, layout in ROWS:
         for seed in (0, 1):
-            tags = {"scheme": scheme, "layout": layout, "preset": "tiny", "seed": str(seed), "buffer_slots": ""}
-            run_id = client.create_run(experiment_id, tags=tags, run_name=f"{scheme}-s{seed}").info.run_id
-            for key, value in {"model": "tiny", "scheme": scheme, "seed": seed, "data.corpus": "shakespeare"}.items():
-                client.log_param(run_id, key, value)
-            client.log_metric(run_id, "tokens_per_step", 2048, step=0)
-            for step in STEPS:
-                value = loss(scheme, seed, step)
-                client.log_metric(run_id, "val/shakespeare/loss", value, step=step)
-                client.log_metric(run_id, "val/shakespeare/ppl", math.exp(value), step=step)
-                client.log_metric(run_id, "val_loss", value, step=step)
-            client.set_terminated(run_id, "FINISHED")
+            log_curve_run(
+                client, experiment_id, scheme, layout, seed, {step: loss(scheme, seed, step) for step in STEPS}
+            )
     out = tmp_path / "out"
     assert main(["curves2", "--tracking-uri", uri, "--out", str(out)]) == 0
     section = (out / "claims.md").read_text().split("## Over training", 1)[1].split("\n## ", 1)[0]
