@@ -118,9 +118,12 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
             record.log_facts(*_run_facts(plan, model_config, module.model, prepared.train_tokens, val_names))
         timer = RunTimer(started)
         logged = record.last_logged_steps if record is not None else None
-        trainer = build_trainer(plan, record and record.run_id, [timer, *run_callbacks(plan, val_names)], logged)
+        callbacks = [timer, *run_callbacks(plan, val_names)]
+        trainer = build_trainer(plan, record and record.run_id, callbacks, logged)
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-        if trainer.global_step % plan.train.val_every != 0:
+        if not timer.trained_any_step:  # resumed from its last step's checkpoint: killed after saving it
+            _end_without_training(trainer, module, datamodule, callbacks)
+        elif trainer.global_step % plan.train.val_every != 0:
             trainer.validate(module, datamodule=datamodule, verbose=False)
     except BaseException as error:
         stop = _stopped(error, trainer)
@@ -137,6 +140,20 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         with atomic_path(plan.result_file) as partial:  # its presence means finished: never half-written
             partial.write_text(json.dumps(result, indent=2))
     return result
+
+
+def _end_without_training(trainer: Any, module: Any, datamodule: Any, callbacks: list[Any]) -> None:
+    """The end of a run whose process died after the last step's checkpoint and before its result:
+    Lightning's fit restores it at ``max_steps`` and returns without a validation or an end-of-fit
+    hook, so the final validation and the end-of-run probes run here. Steps the MLflow run already
+    holds are not logged again (:class:`~experiments.trainer.ResumedMLFlowLogger`)."""
+    from experiments.probing.callback import ProbeCallback
+    from experiments.probing.state_routing import StateRoutingCallback
+
+    trainer.validate(module, datamodule=datamodule, verbose=False)
+    for callback in callbacks:
+        if isinstance(callback, ProbeCallback | StateRoutingCallback):
+            callback.on_train_end(trainer, module)
 
 
 class Terminated(SystemExit):

@@ -138,6 +138,36 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tm
     assert 0 < round(timing["steps_per_s"] * (timing["steps_s"] + timing["between_steps_s"])) <= 20
 
 
+def test_a_run_killed_after_its_last_checkpoint_ends_on_the_rerun_with_its_validation_and_probes(tmp_path):
+    """Killed between the last step's checkpoint and result.json (a grid killed at its end): the
+    rerun resumes at max_steps, where Lightning trains nothing and validates nothing; it still
+    writes the result, the final probes and FINISHED, and logs no step twice."""
+    first = run(tmp_path, "probes.enabled=true", "probes.num_batches=1")
+    assert first.returncode == 0, first.stderr
+    folder = run_dir(tmp_path)
+    _, _, histories = record(tmp_path)
+    result = json.loads((folder / "result.json").read_text())
+    # What a kill -9 after the last checkpoint leaves: no result, no final probes, a RUNNING run.
+    (folder / "result.json").unlink()
+    shutil.rmtree(folder / "probes" / "final")
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.update_run((folder / "mlflow_run_id").read_text().strip(), status="RUNNING")
+
+    again = run(tmp_path, "probes.enabled=true", "probes.num_batches=1")
+    assert again.returncode == 0, again.stderr
+    assert any(line.startswith("[mesh-train] resuming from") for line in again.stderr.splitlines())
+    status, _, after = record(tmp_path)
+    assert status == "FINISHED"
+    assert after == histories  # nothing logged twice, nothing lost
+    rerun = json.loads((folder / "result.json").read_text())
+    # The same weights validated again: equal to float32 rounding (a fresh validate sums its batches
+    # outside the fit loop).
+    assert rerun["steps"] == 40
+    assert rerun["val_loss"] == pytest.approx(result["val_loss"], rel=1e-6)
+    assert histories["val/shakespeare/loss"][-1] == (40, pytest.approx(result["val_loss"], rel=1e-6))
+    assert (folder / "probes" / "final").is_dir() and any((folder / "probes" / "final").iterdir())
+
+
 def test_kill_9_before_the_first_checkpoint_restarts_without_logging_twice(tmp_path, uninterrupted):
     process = start(tmp_path)
     wait_for(tmp_path, "mlflow_run_id", process)

@@ -69,6 +69,11 @@ class RunTimer(pl.Callback):
             self._validation_since_batch += elapsed
             self._validation_start = None
 
+    @property
+    def trained_any_step(self) -> bool:
+        """Whether this process ran a training step (a run resumed at ``max_steps`` runs none)."""
+        return self._first_step is not None
+
     def finish(self) -> RunTiming:
         """Close the account: ``end_s`` is whatever ran after the last batch besides validation."""
         t = self.timing
