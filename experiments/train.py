@@ -33,6 +33,7 @@ from mesh_model.cli_text import commit, version_line
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from experiments.data.prepare import PreparedData
     from experiments.plan import RunPlan
     from experiments.tracking import RunRecord
     from mesh_model import ModelConfig
@@ -115,7 +116,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         val_names = [plan.data.corpus if name == "val" else name for name in datamodule.val_names]
         module = build_module(plan, model_config, val_names)
         if record is not None and record.is_new:
-            record.log_facts(*_run_facts(plan, model_config, module.model, prepared.train_tokens, val_names))
+            record.log_facts(*_run_facts(plan, model_config, module.model, prepared, val_names))
         timer = RunTimer(started)
         logged = record.last_logged_steps if record is not None else None
         callbacks = [timer, *run_callbacks(plan, val_names)]
@@ -256,12 +257,14 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
     )
 
 
-def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_tokens: int, val_names: list[str]):
+def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, prepared: PreparedData, val_names: list[str]):
     """(params, metrics, artifacts) that say what the run is and what it was built as. Every param
     is logged here, once: the config, the resolved model (``model_config.*``), the validation sets,
     the hash and the learning rate (Lightning logs no hyperparameters of its own). A mixture-of-experts
     model also logs ``params_active_non_embedding``, ``params_active_total`` (what one token applies:
-    the router and top-k of the E experts), ``params_expert`` and ``params_moe_router``."""
+    the router and top-k of the E experts), ``params_expert`` and ``params_moe_router``. With
+    ``data.replace_invalid_utf8=true`` the param ``data.replacement_chars`` says how many U+FFFD
+    characters the run's text holds (every split; "unknown" from a cache written before the count)."""
     from experiments.identity import model_params
     from experiments.tracking import flatten
     from mesh_model import count_parameters
@@ -269,6 +272,9 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_token
     params = flatten(plan.config)
     params.update(model_params(model_config))
     params.update(config_hash=plan.config_hash, peak_lr=str(plan.peak_lr), val_names=str(val_names))
+    if plan.data.replace_invalid_utf8:
+        replaced = prepared.total_replacement_chars
+        params["data.replacement_chars"] = "unknown" if replaced is None else str(replaced)
     counts = count_parameters(model)
     metrics = {
         "params_total": counts["total"],
@@ -276,7 +282,7 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, train_token
         "params_router": counts["router"],
         "params_pct_of_vanilla": counts["pct_of_vanilla"],
         "flops_per_token": counts["flops_per_token"],
-        "data_train_tokens": train_tokens,
+        "data_train_tokens": prepared.train_tokens,
         # what a step and the run see (experiments/budget.py): sequences and tokens per optimizer step
         "global_batch": plan.budget.global_batch,
         "tokens_per_step": plan.budget.tokens_per_step,

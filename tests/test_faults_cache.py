@@ -17,6 +17,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import mlflow
 import pytest
 
 from experiments.data.cache import cache_root
@@ -214,9 +215,11 @@ def test_a_tokenizer_of_another_vocabulary_without_its_digest_is_trained_again(p
 
 
 def test_invalid_utf8_past_the_first_kb_of_a_text_corpus_stops_it_unless_replacement_is_asked(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, compose_run
 ):
-    """The first KB clean (what the plan-time sniff reads), invalid bytes all through the rest."""
+    """The first KB clean (what the plan-time sniff reads), invalid bytes all through the rest; with
+    replacement, the count is kept with the tokens and logged to the run, also from the cache."""
+    from experiments.train import train
     from mesh_model.errors import ConfigError
 
     monkeypatch.setenv("MESH_CACHE_DIR", str(tmp_path / "cache"))
@@ -238,8 +241,24 @@ def test_invalid_utf8_past_the_first_kb_of_a_text_corpus_stops_it_unless_replace
         "to train on U+FFFD in their place"
     )
     assert not list((tmp_path / "cache").glob("tokens/*/*.bin"))  # nothing tokenized
-    prepare(DataConfig(corpus="text", path=str(corpus), bpe_vocab_size=300, replace_invalid_utf8=True))
+    replacing = DataConfig(corpus="text", path=str(corpus), bpe_vocab_size=300, replace_invalid_utf8=True)
+    built = prepare(replacing)
     said = [line for line in capsys.readouterr().err.splitlines() if "data.replace_invalid_utf8=true" in line]
     assert said and set(said) == {
         f"[mesh] data.replace_invalid_utf8=true: {invalid} invalid UTF-8 sequence(s) of {corpus} replaced by U+FFFD"
     }
+    # train and validation split the file's lines: their counts add up to the file's
+    assert built.total_replacement_chars == invalid and len(built.replacement_chars) == 2
+    assert prepare(replacing).replacement_chars == built.replacement_chars  # read back from the cache
+    result = train(
+        compose_run(
+            *RUN[1:],
+            "data=text",
+            f"data.path={corpus}",
+            "data.bpe_vocab_size=300",
+            "data.replace_invalid_utf8=true",
+            f"runs_dir={tmp_path / 'runs'}",
+        )
+    )
+    run = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").get_run(result["run_id"])
+    assert run.data.params["data.replacement_chars"] == str(invalid)

@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 from mlflow.entities import Metric, Param
 from omegaconf import OmegaConf
 
+from experiments.data.prepare import PreparedData
 from experiments.plan import RunPlan, plan_run
 from experiments.train import _open_record, _run_facts
 from mesh_model import build_model
@@ -36,7 +38,8 @@ def open_without_training(runs_dir: Path, compose_run, *overrides: str) -> tuple
     plan.run_dir.mkdir(parents=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(plan.config))
     record = _open_record(plan, plan.model_config)
-    record.log_facts(*_run_facts(plan, plan.model_config, build_model(plan.model_config), 1000, ["shakespeare"]))
+    prepared = PreparedData(np.zeros(1000, np.uint16), {}, 512, 0, None, "shakespeare", "test")
+    record.log_facts(*_run_facts(plan, plan.model_config, build_model(plan.model_config), prepared, ["shakespeare"]))
     return plan, record.client.get_run(record.run_id)
 
 

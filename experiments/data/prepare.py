@@ -18,7 +18,7 @@ from experiments.data.cache import atomic_path, cache_root, digest
 from experiments.data.config import DataConfig, as_data_config
 from experiments.data.corpora import Corpus, load_corpus
 from experiments.data.indexed import IndexedDataset
-from experiments.data.token_cache import TokenStats, cached_tokens
+from experiments.data.token_cache import TokenStats, cached_tokens, recorded_replacements
 from experiments.data.tokenizer import TextTokenizer, load_tokenizer
 from mesh_model.errors import ConfigError
 
@@ -43,6 +43,15 @@ class PreparedData:
     corpus: str
     identity: str
     stats: dict[str, TokenStats] = field(default_factory=dict)  # splits tokenized by this call
+    # U+FFFD characters per split ("shakespeare/train"...), from the token caches' records; None
+    # where a cache predates the count (an indexed corpus has none)
+    replacement_chars: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def total_replacement_chars(self) -> int | None:
+        """U+FFFD characters over every split tokenized, None when a split's count is unknown."""
+        counts = list(self.replacement_chars.values())
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
     @property
     def train_tokens(self) -> int:
@@ -72,7 +81,12 @@ def token_path(cfg: DataConfig, corpus: Corpus, tokenizer: TextTokenizer, split:
 
 
 def _text_split(
-    cfg: DataConfig, corpus: Corpus, tokenizer: TextTokenizer, split: str, stats: dict[str, TokenStats]
+    cfg: DataConfig,
+    corpus: Corpus,
+    tokenizer: TextTokenizer,
+    split: str,
+    stats: dict[str, TokenStats],
+    replacements: dict[str, int | None],
 ) -> np.ndarray:
     texts = (text for _, text in corpus.split_documents(split, cfg.val_fraction))
     label = f"{corpus.name}/{split}"
@@ -80,6 +94,7 @@ def _text_split(
     tokens, built = cached_tokens(path, texts, tokenizer, label, corpus.content_digest)
     if built is not None:
         stats[label] = built
+    replacements[label] = built.replacement_chars if built is not None else recorded_replacements(path)
     return tokens
 
 
@@ -91,12 +106,13 @@ def prepare(cfg: DataConfig | object) -> PreparedData:
     corpus = load_corpus(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer, corpus, cfg.val_fraction, cfg.bpe_vocab_size, cfg.cache_dir)
     stats: dict[str, TokenStats] = {}
-    train = _text_split(cfg, corpus, tokenizer, "train", stats)
-    val = {"val": _text_split(cfg, corpus, tokenizer, "val", stats)}
+    replaced: dict[str, int | None] = {}
+    train = _text_split(cfg, corpus, tokenizer, "train", stats, replaced)
+    val = {"val": _text_split(cfg, corpus, tokenizer, "val", stats, replaced)}
     for name in cfg.extra_val:
-        val[name] = _text_split(cfg, load_corpus(cfg, name), tokenizer, "val", stats)
+        val[name] = _text_split(cfg, load_corpus(cfg, name), tokenizer, "val", stats, replaced)
     return PreparedData(
-        train, val, tokenizer.vocab_size, tokenizer.eos_id, tokenizer, corpus.name, corpus.identity, stats
+        train, val, tokenizer.vocab_size, tokenizer.eos_id, tokenizer, corpus.name, corpus.identity, stats, replaced
     )
 
 

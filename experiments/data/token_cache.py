@@ -39,6 +39,9 @@ class TokenStats:
     characters: int
     tokens: int
     seconds: float
+    # U+FFFD characters in the text tokenized: with data.replace_invalid_utf8=true, one per invalid
+    # UTF-8 sequence of the corpus (plus any the corpus holds as such)
+    replacement_chars: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,6 +95,15 @@ def stale_tokens(path: Path, vocab_size: int, source: str) -> str | None:
     return None
 
 
+def recorded_replacements(path: Path) -> int | None:
+    """The U+FFFD count the token file's record holds (:attr:`TokenStats.replacement_chars`), or
+    None for a record written before it was counted."""
+    try:
+        return int(json.loads(Path(f"{path}.json").read_text())["replacement_chars"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
     batch: list[str] = []
     size = 0
@@ -112,13 +124,14 @@ def write_tokens(
     ``source`` (the corpus bytes' digest) is recorded beside the tokens."""
     dtype = token_dtype(tokenizer.vocab_size)
     eos = np.asarray([tokenizer.eos_id], dtype).tobytes()
-    n_docs = n_chars = n_tokens = 0
+    n_docs = n_chars = n_tokens = n_replaced = 0
     start = time.perf_counter()
     content = _content_hash()
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         for batch in _batches(documents, BATCH_CHARS):
             n_docs += len(batch)
             n_chars += sum(map(len, batch))
+            n_replaced += sum(text.count("\ufffd") for text in batch)
             for ids in tokenizer.encode_batch(batch):
                 data = np.asarray(ids, dtype).tobytes() + eos
                 f.write(data)
@@ -126,7 +139,7 @@ def write_tokens(
                 n_tokens += len(ids) + 1
         if n_chars == 0:
             raise ValueError(f"{label or path.name} has no text: {n_docs} documents, all empty")
-    stats = TokenStats(n_docs, n_chars, n_tokens, time.perf_counter() - start)
+    stats = TokenStats(n_docs, n_chars, n_tokens, time.perf_counter() - start, n_replaced)
     record = asdict(stats) | {"tokens_per_s": stats.tokens_per_s, "source": source, "content": content.hexdigest()}
     with atomic_path(Path(f"{path}.json")) as tmp:
         tmp.write_text(json.dumps(record) + "\n")
