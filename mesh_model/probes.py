@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import re
+import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -474,6 +475,14 @@ class ProbeReport:
         pairs = [self.cka(a, b, estimator) for a, b in self.loop_pairs]
         return sum(pairs) / len(pairs) if pairs else float("nan")
 
+    def loop_erank(self) -> float:
+        """Mean effective rank of the loop states h1..hK (the claim that MeSH keeps them flatter than
+        base reads it); NaN for a vanilla layout or without all of them."""
+        states = [f"h{t}" for t in range(1, (self.loops or 0) + 1)]
+        if not states or not all(s in self.effective_ranks for s in states):
+            return float("nan")
+        return statistics.fmean(self.effective_ranks[s] for s in states)
+
     def perm_floor(self, a: str, b: str, estimator: str = "rbf") -> float:
         """The permutation floor of stages ``a`` and ``b`` by ``estimator``."""
         return self.cka_perm_floors[estimator][self.stages.index(a), self.stages.index(b)].item()
@@ -505,7 +514,8 @@ class ProbeReport:
         * ``probe/cka_<est>/perm_floor``: the mean permutation floor over every pair of distinct
           stages, and ``probe/cka_<est>/loop_perm_floor`` over the pairs h(t), h(t+1) (looped), to
           read beside ``loop_mean``;
-        * ``probe/erank/<stage>`` and ``probe/sv<top>/<stage>`` (the ``top``-th normalised singular value).
+        * ``probe/erank/<stage>`` and ``probe/sv<top>/<stage>`` (the ``top``-th normalised singular value),
+          ``probe/erank/loop_mean`` (:meth:`loop_erank`; looped layouts).
         """
         metrics: dict[str, float] = {"probe/samples": float(self.samples)}
         if self.seq_len is not None:
@@ -545,6 +555,8 @@ class ProbeReport:
         for stage in self.stages:
             metrics[f"probe/erank/{stage}"] = self.effective_ranks[stage]
             metrics[f"probe/sv{self.top}/{stage}"] = self.last_singular_value(stage)
+        if self.loops:
+            metrics["probe/erank/loop_mean"] = self.loop_erank()
         return metrics
 
 

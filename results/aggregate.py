@@ -29,6 +29,7 @@ from results.stats import Comparison, compare
 NOT_METRICS = {*RUN_COLUMNS, "main_set"}
 NONFINITE_MARK = "[non-finite loss]"  # in the label of the row of runs trained past a non-finite loss
 ACTIVE_PARAMS = "params_active_non_embedding"  # logged by mixture-of-experts runs only
+LOOP_ERANK = "probe/erank/loop_mean"
 
 
 # ---------------------------------------------------------------- statistics
@@ -351,14 +352,20 @@ def _one_run_per_replicate(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[objec
 
 
 def _add_loop_erank(row: Row, runs: pd.DataFrame) -> None:
-    """``probe/erank/loop_mean``: each run's effective rank averaged over the loop states h1..hK."""
+    """``probe/erank/loop_mean``: each run's effective rank averaged over the loop states h1..hK, as
+    the probe logs it (:meth:`mesh_model.probes.ProbeReport.loop_erank`), or for a run probed
+    before it did, the same mean of its ``probe/erank/h<t>``."""
     columns = [f"probe/erank/h{t}" for t in range(1, row.loops + 1)]
-    if not columns or not all(c in runs for c in columns):
+    if not columns:
         return
-    means = [statistics.fmean(float(v) for v in values) for values in runs[columns].itertuples(index=False)]
-    finite = [(str(s), v) for s, v in zip(runs["seed"], means, strict=True) if math.isfinite(v)]
+    logged = runs[LOOP_ERANK] if LOOP_ERANK in runs else pd.Series(math.nan, index=runs.index)
+    means = pd.to_numeric(logged, errors="coerce")
+    if all(c in runs for c in columns):
+        computed = [statistics.fmean(float(v) for v in values) for values in runs[columns].itertuples(index=False)]
+        means = means.fillna(pd.Series(computed, index=runs.index))
+    finite = [(str(s), float(v)) for s, v in zip(runs["seed"], means, strict=True) if math.isfinite(v)]
     if finite:
-        row.stats["probe/erank/loop_mean"] = Stat(tuple(v for _, v in finite), tuple(s for s, _ in finite))
+        row.stats[LOOP_ERANK] = Stat(tuple(v for _, v in finite), tuple(s for s, _ in finite))
 
 
 __all__ = ["Block", "Duplicate", "Results", "Row", "Stat", "aggregate"]

@@ -3,6 +3,10 @@
 Only cell runs are read (a sweep's parent run, tag ``kind=sweep``, is left out). Every run is kept
 whatever its status; :mod:`results.aggregate` averages only the FINISHED ones and the report lists the
 others. A metric's value is MLflow's latest (the last step logged).
+
+A run logs only its summary probe metrics to MLflow (:data:`experiments.probing.files.SUMMARY_METRICS`);
+every other ``probe/*`` value is read from its final probe table (:func:`final_probe_table`). A run
+of before that logged them all, and keeps them: what MLflow holds wins.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ NONFINITE = "NONFINITE"
 RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "start_time", "end_time", *TAG_COLUMNS, "params")
 AXIS_PARAMS = ("model", "scheme", "layout", "buffer_slots")  # shown in their own columns
 PROBE_ARTIFACT = "probes/final/probes.json"
+PROBE_TABLE_ARTIFACT = "probes/final/probes.csv"
+QUIET_ARTIFACTS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # one bar per file otherwise
 
 
 class ResultsError(ValueError):
@@ -103,38 +109,21 @@ def _search(client: Any, ids: list[str], filter_string: str) -> Iterable[Any]:
 def collect_runs(client: Any, experiments: Sequence[str] = (), filter_string: str = "") -> pd.DataFrame:
     """One row per cell run of ``experiments`` (all when empty) that passes ``filter_string``:
     the columns of :data:`RUN_COLUMNS` (``params`` holds the run's params as a dict), then one
-    column per metric, named as in MLflow (``val/shakespeare/ppl``, ``val_loss``...)."""
+    column per metric, named as in MLflow (``val/shakespeare/ppl``, ``val_loss``...), and the
+    ``probe/*`` values a run that logged probes has in its final probe table and not in MLflow."""
     ids = experiment_ids(client, experiments)
     names = {v: k for k, v in ids.items()}
-    records = []
     try:
         runs = list(_search(client, list(ids.values()), filter_string))
     except Exception as error:  # a bad filter string (a damaged store is said by the caller)
         if store_damage(error) is not None:
             raise
         raise ResultsError(f"--filter {filter_string!r} is invalid: {str(error).splitlines()[0]}") from None
-    for run in runs:
-        tags = run.data.tags
-        if tags.get("kind") == "sweep":
-            continue
-        record: dict[str, Any] = {
-            "run_id": run.info.run_id,
-            "run_name": run.info.run_name,
-            "experiment": names.get(run.info.experiment_id, run.info.experiment_id),
-            "status": run.info.status,
-            "start_time": pd.to_datetime(run.info.start_time, unit="ms") if run.info.start_time else pd.NaT,
-            "end_time": pd.to_datetime(run.info.end_time, unit="ms") if run.info.end_time else pd.NaT,
-            **{column: tags.get(column, "") for column in TAG_COLUMNS},
-            "params": dict(run.data.params),
-        }
-        if run.info.status == "FINISHED" and tags.get(NONFINITE_TAG):  # finished, on non-finite losses
-            record["status"], record["error"] = NONFINITE, tags[NONFINITE_TAG]
-        if not record["seed"]:
-            record["seed"] = run.data.params.get("seed", "")
-        if not record["preset"]:
-            record["preset"] = run.data.params.get("model", "")
-        record.update(run.data.metrics)
-        records.append(record)
+    records = []
+    with tempfile.TemporaryDirectory() as tables:  # where a table not on this machine is downloaded
+        for run in runs:
+            if run.data.tags.get("kind") != "sweep":
+                records.append({**_run_record(run, names), **_probe_values_not_logged(client, run, Path(tables))})
     frame = pd.DataFrame.from_records(records, columns=None if records else list(RUN_COLUMNS))
     for column in RUN_COLUMNS:
         if column not in frame:
@@ -142,6 +131,38 @@ def collect_runs(client: Any, experiments: Sequence[str] = (), filter_string: st
     frame = add_main_set(frame)
     order = ["experiment", "preset", "layout", "scheme", "buffer_slots", "seed", "run_name"]
     return frame.sort_values(order, kind="stable", ignore_index=True) if len(frame) else frame
+
+
+def _run_record(run: Any, experiment_names: dict[str, str]) -> dict[str, Any]:
+    """The run's row: its :data:`RUN_COLUMNS`, then its metrics as MLflow holds them."""
+    tags = run.data.tags
+    record: dict[str, Any] = {
+        "run_id": run.info.run_id,
+        "run_name": run.info.run_name,
+        "experiment": experiment_names.get(run.info.experiment_id, run.info.experiment_id),
+        "status": run.info.status,
+        "start_time": pd.to_datetime(run.info.start_time, unit="ms") if run.info.start_time else pd.NaT,
+        "end_time": pd.to_datetime(run.info.end_time, unit="ms") if run.info.end_time else pd.NaT,
+        **{column: tags.get(column, "") for column in TAG_COLUMNS},
+        "params": dict(run.data.params),
+    }
+    if run.info.status == "FINISHED" and tags.get(NONFINITE_TAG):  # finished, on non-finite losses
+        record["status"], record["error"] = NONFINITE, tags[NONFINITE_TAG]
+    if not record["seed"]:
+        record["seed"] = run.data.params.get("seed", "")
+    if not record["preset"]:
+        record["preset"] = run.data.params.get("model", "")
+    return {**record, **run.data.metrics}
+
+
+def _probe_values_not_logged(client: Any, run: Any, folder: Path) -> dict[str, float]:
+    """The ``probe/*`` values of a probed run (one that logged any) that MLflow does not hold, from
+    its final probe table; none for a run that logged every one (before the table) or none at all."""
+    logged = run.data.metrics
+    if not any(key.startswith("probe/") for key in logged):
+        return {}
+    table = final_probe_table(client, run.info.run_id, run.data.tags.get("run_dir", ""), folder)
+    return {key: value for key, value in table.items() if key.startswith("probe/") and key not in logged}
 
 
 def validation_sets(frame: pd.DataFrame) -> list[str]:
@@ -228,6 +249,22 @@ def metric_histories(client: Any, run_ids: Iterable[str], key: str = "train/loss
     return pd.DataFrame(rows, columns=["run_id", "step", "value"])
 
 
+def final_probe_table(client: Any, run_id: str, run_dir: str, folder: Path) -> dict[str, float]:
+    """Every probe value of the run's final probe table (``probes/final/probes.csv``, NaN where
+    empty): the file under its run dir when this machine has it, else the artifact downloaded into
+    ``folder`` (a remote store, or runs moved away); empty when it has none or it cannot be read."""
+    from experiments.probing.files import read_probe_table
+
+    local = Path(run_dir) / PROBE_TABLE_ARTIFACT if run_dir else None
+    try:
+        if local is None or not local.is_file():
+            with _environ(QUIET_ARTIFACTS):
+                local = Path(client.download_artifacts(run_id, PROBE_TABLE_ARTIFACT, str(folder / run_id)))
+        return read_probe_table(local)
+    except Exception:  # no table (a run of before it, probes off or failed) or one that does not parse
+        return {}
+
+
 def probe_reports(client: Any, rows: Iterable[Sequence[str]]) -> dict[str, Any]:
     """For each group of run ids (a row's seeds, in order), the first run's
     :class:`~mesh_model.probes.ProbeReport` read from its ``probes/final/probes.json`` artifact:
@@ -235,8 +272,7 @@ def probe_reports(client: Any, rows: Iterable[Sequence[str]]) -> dict[str, Any]:
     from experiments.probing.files import load_report
 
     reports = {}
-    quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # one bar per file otherwise
-    with tempfile.TemporaryDirectory() as tmp, _environ(quiet):
+    with tempfile.TemporaryDirectory() as tmp, _environ(QUIET_ARTIFACTS):
         for run_ids in rows:
             for run_id in run_ids:
                 try:
@@ -266,6 +302,7 @@ __all__ = [
     "ResultsError",
     "collect_runs",
     "experiment_ids",
+    "final_probe_table",
     "grouping_params",
     "metric_histories",
     "open_client",

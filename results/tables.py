@@ -391,7 +391,8 @@ def probe_table(results: Results) -> Table | None:
             "std/mean of the experts' shares of the top-k choices (0 = balanced), and router entropy (nats, at "
             "most log E), each the mean over every router call; Jaccard t,t+1: overlap of a token's chosen "
             "experts between consecutive loop iterations, mean over the core blocks (1 = the same experts); "
-            "Jaccard chance: its value for two unrelated random top-k choices. Per call: probe/moe_* in MLflow."
+            "Jaccard chance: its value for two unrelated random top-k choices. Per call: probe/moe_* in each "
+            "run's probes/final/probes.csv."
         )
     if compared:
         notes += ["Δ<probe> vs base: against the base row of the same layout.", TEST_NOTE]

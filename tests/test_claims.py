@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
+from experiments.probing.files import SUMMARY_METRICS
 from results.aggregate import Row, aggregate
 from results.claims import (
     CONTRADICTED,
@@ -383,6 +384,20 @@ def test_the_packaged_claims_file():
     assert moe.row.moe == "only" and moe.expect == "higher"  # dense rows are not its rows
     cka = claims.claims[ids.index("mesh_lowers_loop_cka")]
     assert cka.metric == "probe/cka_rbf/loop_mean" and cka.also == ("probe/cka_rbf_debiased/loop_mean",)
+
+
+def test_every_probe_metric_a_claim_reads_is_a_summary_the_probes_log_to_mlflow():
+    """The probes log only SUMMARY_METRICS to MLflow (the rest is in each run's probes.csv): a claim
+    on another probe value would keep its numbers only while mesh-results reads the table."""
+    claims = load_claims().claims
+    read = {m for c in claims for m in (c.metric, *c.also) if m.startswith("probe/")}
+    assert read == {
+        "probe/update/core_balance",
+        "probe/cka_rbf/loop_mean",
+        "probe/cka_rbf_debiased/loop_mean",
+        "probe/erank/loop_mean",
+    }
+    assert read <= set(SUMMARY_METRICS)
 
 
 GOOD = """

@@ -18,7 +18,7 @@ from experiments.compose import compose_config
 from experiments.config import OptimConfig
 from experiments.lit_module import MeshLitModule
 from experiments.plan import plan_run
-from experiments.probing.files import load_routing
+from experiments.probing.files import SUMMARY_METRICS, load_routing, read_probe_table
 from experiments.probing.routing import chance_jaccard, routing_report
 from experiments.train import train
 from mesh_model import ModelConfig, build_model, count_parameters
@@ -136,9 +136,13 @@ def test_a_looped_moe_mesh_run_logs_router_losses_and_active_parameters(moe_run)
     assert metrics["params_non_embedding"] == counts["non_embedding"]
 
 
-def test_the_routing_probes_per_loop_iteration_reach_mlflow_in_range(moe_run, tmp_path):
+def test_the_routing_probes_per_loop_iteration_reach_the_probe_table_in_range(moe_run, tmp_path):
     metrics, run_id = moe_run.run.data.metrics, moe_run.run.info.run_id
-    routing = {k: v for k, v in metrics.items() if k.startswith("probe/moe_")}
+    table = read_probe_table(moe_run.client.download_artifacts(run_id, "probes/final/probes.csv", str(tmp_path)))
+    routing = {k: v for k, v in table.items() if k.startswith("probe/moe_")}
+    # MLflow: the summaries only, the routing's four among them (its load CV and entropy per call are not).
+    logged = {k: v for k, v in metrics.items() if k.startswith("probe/")}
+    assert set(logged) == set(SUMMARY_METRICS) and logged == {k: table[k] for k in logged}
     for block in MOE_BLOCKS:
         calls = [f"{block}/iter{t}" for t in (1, 2)] if block in CORES else [block]
         for at in calls:
@@ -155,10 +159,10 @@ def test_the_routing_probes_per_loop_iteration_reach_mlflow_in_range(moe_run, tm
     calls += [routing[f"probe/moe_entropy/{b}/iter{t}"] for b in CORES for t in (1, 2)]
     assert routing["probe/moe_entropy/mean"] == pytest.approx(sum(calls) / 6)
     assert all(math.isfinite(v) for v in routing.values())
-    # The full load vectors in probes.json (and its metrics = what MLflow holds), the routing figure beside.
+    # The full load vectors in probes.json (and its metrics = the table's), the routing figure beside.
     local = Path(moe_run.client.download_artifacts(run_id, "probes/final/probes.json", str(tmp_path)))
     saved = json.loads(local.read_text())
-    assert saved["metrics"] == pytest.approx({k: v for k, v in metrics.items() if k.startswith("probe/")})
+    assert saved["metrics"] == pytest.approx(table)
     report = load_routing(local)
     assert (report.experts, report.top_k, report.tokens) == (E, K_TOP, 8 * 512)
     assert list(report.blocks) == list(MOE_BLOCKS)

@@ -1,5 +1,6 @@
 import math
 import re
+import statistics
 
 import pytest
 import torch
@@ -375,8 +376,8 @@ def test_probe_report_on_tiny_looped_models(reports, scheme):
     n = len(expected)
     # samples, seq_len; updates and state updates, each plain and normalised, with their balances;
     # norms in and out of the 5 blocks; per estimator: pairs, loop mean, floor, perm floor and loop
-    # perm floor; erank and sv per stage.
-    assert len(metrics) == 2 + 2 * (2 * 5 + 1) + 2 * (2 * 3 + 1) + 2 * 5 + 4 * (n * (n - 1) // 2 + 4) + 2 * n
+    # perm floor; erank and sv per stage, and the loop states' mean erank.
+    assert len(metrics) == 2 + 2 * (2 * 5 + 1) + 2 * (2 * 3 + 1) + 2 * 5 + 4 * (n * (n - 1) // 2 + 4) + 2 * n + 1
     assert metrics["probe/update_normed/core2/mean"] == report.normed_updates["core2"][0]
     assert metrics["probe/state_update_normed/core1/std"] == report.state_normed_updates["core1"][1]
     cores = [report.normed_updates[f"core{t}"][0] for t in (1, 2, 3)]
@@ -419,6 +420,8 @@ def test_probe_report_on_tiny_looped_models(reports, scheme):
     assert metrics["probe/sv50/h1"] == report.spectra["h1"][31].item()
     assert report.spectra["h1"][32:].isnan().all()
     assert metrics["probe/erank/h3"] == report.effective_ranks["h3"]
+    # h1..hK, not h0 (results.aggregate reads the same mean from runs that did not log it)
+    assert metrics["probe/erank/loop_mean"] == statistics.fmean(report.effective_ranks[f"h{t}"] for t in (1, 2, 3))
 
 
 def test_probe_report_on_a_vanilla_layout():

@@ -1,9 +1,11 @@
-"""Probes for every run: the callback's metrics, figures and probes.json in MLflow, and mesh-probe."""
+"""Probes for every run: the callback's summary metrics in MLflow, its figures, probes.json and
+probes.csv (every value) as artifacts, and mesh-probe."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ from experiments.plan import InputError
 from experiments.probing.callback import ProbeCallback, held_out_batches, probe_callbacks
 from experiments.probing.cli import main as probe_main
 from experiments.probing.files import (
+    SUMMARY_METRICS,
     load_report,
     read_probe_table,
     report_from_dict,
@@ -30,6 +33,7 @@ from experiments.probing.files import (
 from experiments.probing.state_routing import StateRoutingCallback, state_routing_metrics
 from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
+from results.claims import load_claims
 
 FIGURES = [f"probe_{name}.{fmt}" for name in ("updates", "cka_rbf", "cka_linear", "spectra") for fmt in ("png", "svg")]
 
@@ -62,10 +66,39 @@ def artifact_sizes(client: mlflow.MlflowClient, run_id: str, path: str) -> dict[
     return {Path(a.path).name: a.file_size for a in client.list_artifacts(run_id, path)}
 
 
+def final_table(run: SimpleNamespace, tmp_path: Path) -> dict[str, float]:
+    """Every probe value of the run's final probe, read from its ``probes.csv`` artifact."""
+    return read_probe_table(run.client.download_artifacts(run.run_id, "probes/final/probes.csv", str(tmp_path)))
+
+
+def logged_probe_metrics(run: SimpleNamespace) -> dict[str, float]:
+    return {k: v for k, v in run.client.get_run(run.run_id).data.metrics.items() if k.startswith("probe/")}
+
+
 @pytest.mark.parametrize("scheme", ["base", "mesh"])
-def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
+def test_mlflow_holds_the_summary_probe_metrics_and_probes_csv_every_value(runs, scheme, tmp_path):
+    """A run's page lists the few summaries, every probe metric a claim reads among them; the
+    other values (per block, CKA pair, stage) are in the table only."""
     run = runs[scheme]
-    metrics = run.client.get_run(run.run_id).data.metrics
+    table, logged = final_table(run, tmp_path), logged_probe_metrics(run)
+    dense = {m for m in SUMMARY_METRICS if not m.startswith("probe/moe_")}
+    assert set(logged) == dense and len(dense) == 7
+    # the final probe's values (mesh-probe's test may have logged the same probe again, to 1e-9)
+    assert logged == pytest.approx({k: table[k] for k in dense}, rel=1e-9)
+    # S stages (base: h0 is the prelude's output, one fewer): samples and seq_len, 28 update values,
+    # 8 norms, per estimator S(S-1)/2 pairs and 4 means and floors, erank and sv50 per stage, loop erank.
+    stages = {"base": 5, "mesh": 6}[scheme]
+    assert len(table) == 2 + 28 + 8 + 4 * (stages * (stages - 1) // 2 + 4) + 2 * stages + 1
+    claims = {m for c in load_claims().claims for m in (c.metric, *c.also) if m.startswith("probe/")}
+    assert claims and claims <= set(logged)
+    # The loop states' mean effective rank, as results.aggregate reads it from older runs.
+    assert table["probe/erank/loop_mean"] == statistics.fmean([table["probe/erank/h1"], table["probe/erank/h2"]])
+
+
+@pytest.mark.parametrize("scheme", ["base", "mesh"])
+def test_probe_values_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
+    run = runs[scheme]
+    metrics = final_table(run, tmp_path)
     assert metrics["probe/samples"] == 16 and metrics["probe/seq_len"] == 512  # 2 batches of 8 samples
     for block in ("prelude", "core1", "core2", "coda"):
         assert 0 < metrics[f"probe/update/{block}/mean"] <= 2 and metrics[f"probe/update/{block}/std"] > 0
@@ -82,7 +115,7 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
     assert 1 <= metrics["probe/erank/h1"] <= 64
     assert 0 < metrics["probe/update/core_balance"] <= 1 and 0 < metrics["probe/state_update/core_balance"] <= 1
     # The confounds: the norms in and out of every block, the normalised update and its balance, and
-    # the permutation floors, logged like every other probe metric.
+    # the permutation floors, in the table like every other probe value.
     for block in ("prelude", "core1", "core2", "coda"):
         assert metrics[f"probe/norm/in/{block}"] > 0 and metrics[f"probe/norm/out/{block}"] > 0
         assert 0 < metrics[f"probe/update_normed/{block}/mean"] <= 2
@@ -93,7 +126,7 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
         assert metrics[f"probe/cka_{estimator}/loop_perm_floor"] < metrics[f"probe/cka_{estimator}/loop_mean"]
     # MeSH's h(0) is read from its buffer: another norm than the prelude's output; base hands it on.
     assert (metrics["probe/norm/out/prelude"] == metrics["probe/norm/in/core1"]) == (scheme == "base")
-    assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("probe/"))
+    assert all(k.startswith("probe/") and math.isfinite(v) for k, v in metrics.items())
     # MeSH reads h(0) from its buffer, so its prelude output is a stage of its own; base has h(0) = prelude.
     assert ("probe/erank/prelude" in metrics) == (scheme == "mesh")
 
@@ -115,7 +148,7 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
             "window": 64,
         }
     )
-    assert saved["metrics"] == pytest.approx({k: v for k, v in metrics.items() if k.startswith("probe/")})
+    assert saved["metrics"] == metrics
     assert len(saved["cka"]["rbf_debiased"]) == len(saved["stages"]) == len(saved["spectra"])
     assert len(saved["cka_perm_floors"]["rbf"]) == len(saved["stages"])
     assert {"h0", "f1", "coda"} <= set(saved["norms"]) and set(saved["normed_updates"]) == set(saved["updates"])
@@ -124,12 +157,12 @@ def test_probe_metrics_figures_and_json_reach_mlflow(runs, scheme, tmp_path):
 
 def test_every_n_validations_probes_during_training(runs):
     base, mesh = runs["base"], runs["mesh"]
-    history = base.client.get_metric_history(base.run_id, "probe/update/core1/mean")
+    history = base.client.get_metric_history(base.run_id, "probe/update/core_balance")
     assert sorted(m.step for m in history) == [5, 10]
     assert history[0].value != history[1].value  # the weights moved between the probes
-    assert set(FIGURES) <= set(artifact_sizes(base.client, base.run_id, "probes/step5"))
+    assert set(FIGURES) | {"probes.csv"} <= set(artifact_sizes(base.client, base.run_id, "probes/step5"))
     # At the end only; mesh-probe's test may have logged into this shared run too (probes/cli, step 10).
-    assert {m.step for m in mesh.client.get_metric_history(mesh.run_id, "probe/update/core1/mean")} == {10}
+    assert {m.step for m in mesh.client.get_metric_history(mesh.run_id, "probe/update/core_balance")} == {10}
     folders = {a.path for a in mesh.client.list_artifacts(mesh.run_id, "probes")} - {"probes/cli"}
     assert folders == {"probes/final", "probes/step10"}
 

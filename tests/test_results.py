@@ -22,6 +22,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from scipy import stats as scipy_stats
 
+from experiments.probing.files import read_probe_table, write_probe_table
 from experiments.store.views import (
     GROUPED_VIEW,
     KEY_METRICS_VIEW,
@@ -40,8 +41,9 @@ from results.collect import collect_runs
 from results.outdir import REPORT_ENTRIES
 from results.paper import load_paper_numbers, paper_values
 from results.publish import tag_runs
-from results.render import latex_escape
+from results.render import latex_escape, to_frame
 from results.stats import format_p
+from results.tables import probe_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -298,6 +300,60 @@ def test_probe_table_shows_a_vanilla_row_one_stack_and_no_core_or_coda(synthetic
     vanilla_csv = probes[probes.scheme == "vanilla"].iloc[0]
     assert vanilla_csv["probe/update/stack/mean_mean"] == pytest.approx(0.8)
     assert pd.isna(vanilla_csv["probe/update/coda/mean_mean"]) and vanilla_csv["probe/update/coda/mean_n"] == 0
+
+
+def _probe_table_file(folder: Path, values: dict[str, float | None]) -> Path:
+    """``<folder>/probes/final/probes.csv`` holding ``values``, as the probe callback writes it."""
+    (folder / "probes" / "final").mkdir(parents=True)
+    return write_probe_table(values, folder / "probes" / "final" / "probes.csv")
+
+
+def test_probe_values_mlflow_lacks_are_read_from_the_runs_final_probe_table(tmp_path_factory, tmp_path):
+    """A run of today logs its summary probe metrics and keeps the others in probes/final/probes.csv:
+    under its run dir when this machine has it, else as an artifact. What MLflow holds wins (an
+    older run logged every value), an empty cell stays NaN, a table that does not parse is left out."""
+    _, _, client, experiment_id = _store(tmp_path_factory, "probe-tables")
+    cell = {"preset": "tiny", "scheme": "mesh", "layout": "1+2R2+1", "buffer_slots": "5"}
+    summary = {"val_loss": 4.0, "probe/update/core_balance": 0.25}
+    local = tmp_path / "local"
+    _probe_table_file(
+        local, {"probe/update/core_balance": 0.5, "probe/update/core1/mean": 0.7, "probe/cka_rbf/h0/h1": None}
+    )
+    _log(client, experiment_id, {**cell, "seed": "0", "run_dir": str(local)}, {}, summary, name="local")
+    remote = _log(
+        client, experiment_id, {**cell, "seed": "1", "run_dir": str(tmp_path / "gone")}, {}, summary, name="remote"
+    )
+    client.log_artifact(
+        remote, str(_probe_table_file(tmp_path / "upload", {"probe/update/core1/mean": 0.9})), "probes/final"
+    )
+    older = tmp_path / "older"  # every value in MLflow, no table
+    _log(
+        client,
+        experiment_id,
+        {**cell, "seed": "2", "run_dir": str(older)},
+        {},
+        {**summary, "probe/update/core1/mean": 0.3},
+        name="older",
+    )
+    broken = tmp_path / "broken"
+    _probe_table_file(broken, {}).write_text("not a probe table\n1,2\n")
+    _log(client, experiment_id, {**cell, "seed": "3", "run_dir": str(broken)}, {}, summary, name="broken")
+    unprobed = tmp_path / "unprobed"  # logged no probe: its table is not read
+    _probe_table_file(unprobed, {"probe/update/core1/mean": 0.1})
+    _log(client, experiment_id, {**cell, "seed": "4", "run_dir": str(unprobed)}, {}, {"val_loss": 4.0}, name="unprobed")
+
+    frame = collect_runs(client, ["probe-tables"]).set_index("run_name")
+    assert frame.loc["local", "probe/update/core_balance"] == 0.25  # MLflow's, not the table's 0.5
+    assert frame.loc["local", "probe/update/core1/mean"] == 0.7 and math.isnan(
+        frame.loc["local", "probe/cka_rbf/h0/h1"]
+    )
+    assert frame.loc["remote", "probe/update/core1/mean"] == 0.9  # downloaded: its run dir is gone
+    assert frame.loc["older", "probe/update/core1/mean"] == 0.3
+    assert (
+        math.isnan(frame.loc["broken", "probe/update/core1/mean"])
+        and frame.loc["broken", "probe/update/core_balance"] == 0.25
+    )
+    assert math.isnan(frame.loc["unprobed", "probe/update/core1/mean"])
 
 
 def test_report_links_and_summarises_the_claims(synthetic):
@@ -683,10 +739,10 @@ def test_real_sweep_tables_match_mlflow(trained):
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("schemes")
     logged: dict[str, list[float]] = {}
-    for run in client.search_runs([experiment.experiment_id], "tags.kind != 'sweep'"):
+    for run in client.search_runs([experiment.experiment_id], "tags.seed IS NOT NULL"):  # not the parent
         logged.setdefault(run.data.tags["scheme"], []).append(run.data.metrics["val/shakespeare/ppl"])
     table = pd.read_csv(out / "table.csv")
-    assert sorted(table.scheme) == ["base", "mesh"]
+    assert sorted(table.scheme) == sorted(logged) == ["base", "mesh"]
     for scheme, values in logged.items():
         row = table[table.scheme == scheme].iloc[0]
         assert row["n_runs"] == 2 and row["seeds"] == "0 1"
@@ -699,6 +755,60 @@ def test_real_sweep_tables_match_mlflow(trained):
     for kind in ("updates", "cka_rbf", "cka_linear", "spectra"):
         _assert_image(probes / f"probe_compare_{kind}.png")
     assert "core balance" in (out / "probes.md").read_text()
+
+
+UPDATE_MEANS = [
+    *(f"probe/update/{block}/mean" for block in ("prelude", "core1", "core2", "coda")),
+    *(f"probe/state_update/{block}/mean" for block in ("core1", "core2")),
+]
+
+
+def _final_tables(runs: Path) -> dict[str, list[dict[str, float]]]:
+    """scheme -> the ``probes/final/probes.csv`` of each of its runs in the ``trained`` store, read
+    from its run dir; each run is one of today's, which logs no per-block value to MLflow."""
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("schemes")
+    tables: dict[str, list[dict[str, float]]] = {}
+    for run in client.search_runs([experiment.experiment_id], "tags.seed IS NOT NULL"):  # not the parent
+        assert not set(UPDATE_MEANS) & set(run.data.metrics) and "probe/update/core_balance" in run.data.metrics
+        table = read_probe_table(Path(run.data.tags["run_dir"]) / "probes" / "final" / "probes.csv")
+        tables.setdefault(run.data.tags["scheme"], []).append(table)
+    return tables
+
+
+def _assert_probe_table_reads(probes: pd.DataFrame, tables: dict[str, list[dict[str, float]]]) -> None:
+    """Each row's per-block update means (and loop erank) are the means of its runs' table values."""
+    assert sorted(probes.scheme) == sorted(tables) == ["base", "mesh"]
+    for scheme, runs in tables.items():
+        row = probes[probes.scheme == scheme].iloc[0]
+        for metric in [*UPDATE_MEANS, "probe/erank/loop_mean"]:
+            assert row[f"{metric}_n"] == 2, metric
+            assert row[f"{metric}_mean"] == pytest.approx(statistics.fmean(t[metric] for t in runs), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_the_probe_table_reads_each_runs_update_means_from_its_probes_csv(trained):
+    runs, out = trained
+    _assert_probe_table_reads(pd.read_csv(out / "probes.csv"), _final_tables(runs))
+
+
+@pytest.mark.slow
+def test_the_probe_table_reads_the_probes_csv_artifacts_when_the_run_dirs_are_gone(trained, tmp_path):
+    """Runs read on another machine than the one that trained them (or whose folders were moved):
+    the tables come from the store's artifacts."""
+    runs, _ = trained
+    tables = _final_tables(runs)
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    folders = [Path(run_dir) for run_dir in collect_runs(client, ["schemes"])["run_dir"]]
+    assert len(folders) == 4 and all((folder / "probes").is_dir() for folder in folders)
+    try:
+        for folder in folders:
+            folder.rename(tmp_path / folder.name)
+        probes = to_frame(probe_table(aggregate(collect_runs(client, ["schemes"]))))
+    finally:
+        for folder in folders:
+            (tmp_path / folder.name).rename(folder)
+    _assert_probe_table_reads(probes, tables)
 
 
 @pytest.mark.slow

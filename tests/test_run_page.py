@@ -1,6 +1,7 @@
 """What a finished training run's page in the MLflow UI shows first: its description (validation
-PPL and training loss at the last step, where the curves and probe values are) and the probe values
-as a table artifact, read back from the session's tiny run in a real sqlite store."""
+PPL and training loss at the last step, where the curves and probe values are), the few summary
+probe metrics and every probe value as a table artifact, read back from the session's tiny run in
+a real sqlite store."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.probing.files import read_probe_table
+from experiments.probing.files import SUMMARY_METRICS, read_probe_table
 from experiments.store.views import NOTE_TAG, finished_run_note
 
 
@@ -22,11 +23,12 @@ def test_a_finished_run_page_opens_on_its_validation_ppl_and_training_loss(tiny_
     assert "`probes/final/probes.csv`" in note
 
 
-def test_a_finished_run_keeps_every_probe_value_in_a_table_artifact(tiny_run, tmp_path):
+def test_a_finished_run_keeps_every_probe_value_in_a_table_artifact_and_logs_the_summaries(tiny_run, tmp_path):
     local = Path(tiny_run.client.download_artifacts(tiny_run.run_id, "probes/final/probes.csv", str(tmp_path)))
     table = read_probe_table(local)
-    logged = {k: v for k, v in tiny_run.client.get_run(tiny_run.run_id).data.metrics.items() if k.startswith("probe/")}
-    assert len(table) > 40 and set(table) == set(logged)
+    metrics = tiny_run.client.get_run(tiny_run.run_id).data.metrics
+    logged = {k: v for k, v in metrics.items() if k.startswith("probe/")}  # 7 of the table's 127
+    assert len(table) == 127 and set(logged) == set(SUMMARY_METRICS) & set(table) and len(logged) == 7
     assert all(table[k] == pytest.approx(v) or math.isnan(table[k]) for k, v in logged.items())
 
 

@@ -9,14 +9,16 @@ every run on the same data is probed on the same tokens and the numbers compare 
 
 What a probe writes, in ``<run_dir>/probes/step<N>/`` and as MLflow artifacts under the same path:
 the four figures of :func:`experiments.probing.figures.plot_report` (update bars, RBF and linear CKA
-heatmaps, spectra) as PNG and SVG, and ``probes.json`` (:func:`report_to_dict`;
-:func:`load_report` reads it back). ``report.as_metrics()`` goes to the logger at the global
-step. The probe at the end of training is also copied to ``probes/final/``.
+heatmaps, spectra) as PNG and SVG, ``probes.json`` (:func:`report_to_dict`; :func:`load_report`
+reads it back) and ``probes.csv``, every value of ``report.as_metrics()`` by name
+(:func:`read_probe_table`). Only the few summaries of :data:`SUMMARY_METRICS` go to the logger,
+at the global step: the run's page keeps to what the claims read, and ``mesh-results`` reads the
+rest from the final table. The probe at the end of training is also copied to ``probes/final/``.
 
 A mixture-of-experts run is also probed for its routing on the same batches
 (:mod:`experiments.probing.routing`: expert load, router entropy and the Jaccard overlap of the
-chosen experts per loop iteration, metrics ``probe/moe_*``), drawn as ``probe_routing`` and kept
-in ``probes.json``.
+chosen experts per loop iteration, values ``probe/moe_*``; their means are summary metrics), drawn
+as ``probe_routing`` and kept in ``probes.json`` and ``probes.csv``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from experiments.config import ProbeConfig
 from experiments.data.config import DataConfig
 from experiments.data.datamodule import TokenWindows
 from experiments.data.prepare import PreparedData
-from experiments.probing.files import PROBE_DIR, probe_metrics, write_probe_files
+from experiments.probing.files import PROBE_DIR, probe_metrics, summary_metrics, write_probe_files
 from experiments.probing.routing import routing_report
 from experiments.probing.state_routing import StateRoutingCallback
 from mesh_model.probes import probe_report
@@ -133,7 +135,7 @@ class ProbeCallback(pl.Callback):
         routing = routing_report(model, self._batches, window=data.seq_len)  # None for a dense model
         write_probe_files(report, folder, routing, step=step, batches=describe_batches(data, self._batches))
         if trainer.logger is not None:
-            trainer.logger.log_metrics(probe_metrics(report, routing), step=step)
+            trainer.logger.log_metrics(summary_metrics(probe_metrics(report, routing)), step=step)
         self._log_artifacts(trainer, folder, f"{PROBE_DIR}/step{step}")
 
     @staticmethod

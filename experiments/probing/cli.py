@@ -4,10 +4,11 @@ Loads the model from a checkpoint (``<run_dir>/checkpoints/last.ckpt`` when give
 rebuilds the held-out batches from the run's ``config.yaml`` (the same batches the training run's
 :class:`~experiments.probing.callback.ProbeCallback` used, unless ``--batches`` or ``--seq-len`` asks
 for another count or sample length),
-writes the figures and ``probes.json`` to ``--out`` (default ``<run_dir>/probes/cli/``) and prints
-a compact table (for a mixture-of-experts run, its routing per router call too). ``--mlflow-run
-auto`` (the run's own id from ``mlflow_run_id``) or ``--mlflow-run RUN_ID`` also logs the metrics
-at the checkpoint's step and the files under ``probes/cli/``.
+writes the figures, ``probes.json`` and ``probes.csv`` to ``--out`` (default ``<run_dir>/probes/cli/``)
+and prints a compact table (for a mixture-of-experts run, its routing per router call too).
+``--mlflow-run auto`` (the run's own id from ``mlflow_run_id``) or ``--mlflow-run RUN_ID`` also logs
+the summary metrics (:data:`~experiments.probing.files.SUMMARY_METRICS`, as the training callback
+does) at the checkpoint's step and the files under ``probes/cli/``.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> None:
     from experiments.data.config import as_data_config
     from experiments.data.prepare import prepare
     from experiments.probing.callback import describe_batches, held_out_batches
-    from experiments.probing.files import PROBE_DIR, probe_metrics, write_probe_files
+    from experiments.probing.files import PROBE_DIR, probe_metrics, summary_metrics, write_probe_files
     from experiments.probing.routing import routing_report
     from mesh_model.probes import probe_report
 
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
         print(format_routing(routing))
     print(f"wrote {len(paths)} files to {out}")
     if run_id is not None and uri is not None:
-        log_to_mlflow(uri, run_id, probe_metrics(report, routing), step, out)
+        log_to_mlflow(uri, run_id, summary_metrics(probe_metrics(report, routing)), step, out)
         print(f"logged to MLflow run {run_id} ({uri}) at step {step}, artifacts under probes/{CLI_DIR}/")
 
 

@@ -1,5 +1,8 @@
-"""``probes.json`` and the probe figures of one report: written by the training callback and
-``mesh-probe``, read back by ``mesh-results``. No Lightning here, so readers start fast.
+"""``probes.json``, ``probes.csv`` and the probe figures of one report: written by the training
+callback and ``mesh-probe``, read back by ``mesh-results``. No Lightning here, so readers start fast.
+
+Every probe value is in ``probes.csv`` and ``probes.json``; MLflow gets only
+:data:`SUMMARY_METRICS` (:func:`summary_metrics`), so a run's page is not a hundred charts of one dot.
 
 A mixture-of-experts run's report also holds its routing (:mod:`experiments.probing.routing`):
 ``probes.json`` keeps it under ``routing`` (:func:`load_routing` reads it back), its metrics join
@@ -26,6 +29,22 @@ REPORT_FILE = "probes.json"
 TABLE_FILE = "probes.csv"  # every probe value, one row each: the run page's Artifacts tab shows it as a table
 FORMAT = 3  # 1: core updates were h(t-1) -> h(t), one CKA estimator, no floors; 2: no norms,
 # normalised updates or permutation floors
+# The probe values logged as MLflow metrics (those a report has): what the claims
+# (results/paper_claims.yaml) and the probe table's summary columns read, a few per run. The others
+# (per block, per CKA pair, per stage, per router call) are read back from probes.csv.
+SUMMARY_METRICS = (
+    "probe/update/core_balance",
+    "probe/state_update/core_balance",
+    "probe/cka_rbf/loop_mean",
+    "probe/cka_rbf/floor",
+    "probe/cka_rbf_debiased/loop_mean",
+    "probe/cka_rbf_debiased/floor",
+    "probe/erank/loop_mean",
+    "probe/moe_load_cv/mean",  # mixture-of-experts runs
+    "probe/moe_entropy/mean",
+    "probe/moe_jaccard/loop_mean",
+    "probe/moe_jaccard/chance",
+)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -41,8 +60,14 @@ def _updates(updates: dict[str, tuple[float, float]]) -> dict[str, dict[str, flo
 
 
 def probe_metrics(report: ProbeReport, routing: RoutingReport | None = None) -> dict[str, float]:
-    """What a probe logs: the report's metrics and, for a mixture-of-experts run, its routing's."""
+    """Every value a probe writes to ``probes.csv``: the report's metrics and, for a
+    mixture-of-experts run, its routing's."""
     return {**report.as_metrics(), **(routing.as_metrics() if routing is not None else {})}
+
+
+def summary_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The :data:`SUMMARY_METRICS` among ``metrics``: what a probe logs to MLflow."""
+    return {key: metrics[key] for key in SUMMARY_METRICS if key in metrics}
 
 
 def report_to_dict(report: ProbeReport, routing: RoutingReport | None = None, **extra: Any) -> dict[str, Any]:

@@ -45,8 +45,8 @@ BOOKKEEPING_METRICS = (
     *(f"cells_{s}" for s in ("finished", "skipped", "failed", "pruned", "interrupted", "not_started")),
 )
 # One value per run, logged once (experiments/train.py, experiments/callbacks/timing.py): a column
-# of the runs table, not a chart. Others of this kind (probe/*, eval/*) are charted out by name
-# once they are in the store (:func:`single_value_metrics`).
+# of the runs table, not a chart. Others of this kind (the summary probe/* metrics, eval/*) are
+# charted out by name once they are in the store (:func:`single_value_metrics`).
 SINGLE_VALUE_METRICS = (
     "val_loss",
     "params_total",
@@ -100,8 +100,9 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
     steps on a log axis beside a bar chart of each run's final perplexity, two to a row and
     :data:`ANSWER_HEIGHT` high; then the other validation sets, training, routing and speed. A
     metric that is not a curve (:func:`is_curve`: the bookkeeping, the parameter counts, the
-    timings, and of ``metrics``, the keys in the store, the probes and the validation losses) has
-    a deleted chart, so the UI draws none.
+    timings, and of ``metrics``, the keys in the store, the probes' summaries (every other probe
+    value is in each run's ``probes/final/probes.csv``, not a metric) and the validation losses)
+    has a deleted chart, so the UI draws none.
 
     MLflow's UI (3.17) orders chart sections alphabetically, which puts the ``probe/...``
     sections before ``val/...`` and ``train``; a view marked as reordered keeps its sections in
@@ -289,9 +290,9 @@ def fit_tag_value(text: str, cut_line: str) -> str:
 
 def finished_run_note(result: Mapping[str, Any], val_sets: Sequence[str]) -> str:
     """A finished training run's description, the first thing its page shows (the UI orders the
-    run's charts by name, the probes' before ``train`` and ``val``): the main validation set's
-    perplexity and the training loss at the last step, the other sets' perplexities, and where the
-    curves, the probe values and the timings are. ``result`` is ``train()``'s (``val/<set>/ppl``,
+    run's charts by name, the probes' summaries before ``train`` and ``val``): the main validation
+    set's perplexity and the training loss at the last step, the other sets' perplexities, and where
+    the curves, the probe values and the timings are. ``result`` is ``train()``'s (``val/<set>/ppl``,
     ``train/loss``, ``steps``)."""
     main, *others = val_sets
     head = f"**validation PPL ({main}) {result[f'val/{main}/ppl']:.2f}**"
@@ -303,7 +304,8 @@ def finished_run_note(result: Mapping[str, Any], val_sets: Sequence[str]) -> str
         lines.append(f"Validation PPL on the other sets: {', '.join(shown)}")
     lines.append(
         f"Curves: *Model metrics*, sections `val/{main}` and `train`. Every probe value: "
-        "`probes/final/probes.csv` under *Artifacts* (with `probes.json` and the figures). "
+        "`probes/final/probes.csv` under *Artifacts* (with `probes.json` and the figures); the `probe/*` "
+        "metrics are the few summaries the claims read. "
         "Steps per second and where the time went: the `time/*` metrics below."
     )
     return "\n\n".join(lines)
