@@ -157,9 +157,13 @@ def _run_record(run: Any, experiment_names: dict[str, str]) -> dict[str, Any]:
 
 def _probe_values_not_logged(client: Any, run: Any, folder: Path) -> dict[str, float]:
     """The ``probe/*`` values of a probed run (one that logged any) that MLflow does not hold, from
-    its final probe table; none for a run that logged every one (before the table) or none at all."""
+    its final probe table; none for a run that logged every one (one with a value beyond
+    :data:`~experiments.probing.files.SUMMARY_METRICS`: probed before the table) or none at all."""
+    from experiments.probing.files import SUMMARY_METRICS
+
     logged = run.data.metrics
-    if not any(key.startswith("probe/") for key in logged):
+    probed = [key for key in logged if key.startswith("probe/")]
+    if not probed or not set(probed) <= set(SUMMARY_METRICS):  # not probed, or probed before the table
         return {}
     table = final_probe_table(client, run.info.run_id, run.data.tags.get("run_dir", ""), folder)
     return {key: value for key, value in table.items() if key.startswith("probe/") and key not in logged}
