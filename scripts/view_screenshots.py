@@ -65,8 +65,10 @@ def small_store(root: Path) -> str:
             facts = {"global_batch": 8.0, "flops_per_token": 1e6, "params_non_embedding": 2e5, "params_total": 1e6}
             metrics = [Metric(k, v, now, 0) for k, v in facts.items()]
             ends = {"time/steps_per_s": 4.0 + seed, "time/total_s": 120.0, "val_loss": math.log(final + seed + 1)}
-            ends.update({f"probe/cka_rbf/h{i}/h{j}": 0.5 for i in range(4) for j in range(i + 1, 4)})
-            ends.update({f"probe/update/core{i}/mean": 0.1 * i for i in (1, 2)})
+            # what a probed run logs to MLflow: the summaries (experiments.probing.files.SUMMARY_METRICS)
+            ends.update(
+                {"probe/update/core_balance": 0.4, "probe/cka_rbf/loop_mean": 0.9, "probe/erank/loop_mean": 20.0}
+            )
             metrics += [Metric(k, v, now + 400, 400) for k, v in ends.items()]
             for step in range(50, 401, 50):
                 ppl = final + seed + 4000.0 / step
