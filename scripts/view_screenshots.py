@@ -100,6 +100,13 @@ def best_run(uri: str, experiment_id: str) -> str:
     return runs[0].info.run_id
 
 
+def sweep_parents(uri: str, experiment_id: str) -> list[str]:
+    """The run ids of the experiment's sweep parents."""
+    import mlflow
+
+    return [r.info.run_id for r in mlflow.MlflowClient(uri).search_runs([experiment_id], "tags.kind = 'sweep'")]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     from results.report import build_report
 
     uri = f"sqlite:///{Path(args.runs_dir).resolve() / 'mlflow.db'}" if args.runs_dir else small_store(out)
-    report = build_report(args.experiment, [args.experiment], uri, out / "report")
+    # A grid's own store keeps the notes its job wrote (mesh-demo's opens with its regime): the
+    # report is built to tag the runs and write the views, not to publish over them.
+    report = build_report(args.experiment, [args.experiment], uri, out / "report", publish_to_parents=not args.runs_dir)
     experiment_id = report.experiment_ids[args.experiment]
     port = free_port()
     ui = subprocess.Popen(
@@ -150,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         screenshot(f"{runs}{GROUPED_VIEW}", out / "grouped-table.png")
         screenshot(f"{runs}{GROUPED_VIEW}&compareRunsMode=CHART", out / "grouped-charts.png")
         screenshot(f"{runs}{KEY_METRICS_VIEW}", out / "flat-table.png")
-        for page in report.published_pages:
-            screenshot(page.replace("http://127.0.0.1:5000", base), out / "parent.png")
+        for parent in sweep_parents(uri, experiment_id):
+            page = f"{base}/#/experiments/{experiment_id}/runs/{parent}?workflowType=machine_learning"
+            screenshot(page, out / "parent.png")
         best = best_run(uri, experiment_id)
         screenshot(f"{base}/#/experiments/{experiment_id}/runs/{best}?workflowType=machine_learning", out / "run.png")
         metrics = f"{base}/#/experiments/{experiment_id}/runs/{best}/model-metrics?workflowType=machine_learning"
