@@ -97,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="report folder (default results/schemes)")
     parser.add_argument("overrides", nargs="*", help="more overrides for every run, e.g. model=mini")
     args = parser.parse_intermixed_args(argv)
+    from experiments.console import quiet_libraries
+
+    quiet_libraries()  # as mesh-sweep does: no MLflow INFO lines ("Creating initial MLflow database tables")
     return run_main_job(args.steps, args.seeds, args.runs_dir, args.out, args.overrides)
 
 
