@@ -126,6 +126,7 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
             _end_without_training(trainer, module, datamodule, callbacks)
         elif trainer.global_step % plan.train.val_every != 0:
             trainer.validate(module, datamodule=datamodule, verbose=False)
+        result = _result(plan, trainer, val_names[0], record)  # a failure here marks the run FAILED too
     except BaseException as error:
         stop = _stopped(error, trainer)
         if record is not None:
@@ -133,7 +134,6 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         if stop is not None:
             raise stop from None
         raise
-    result = _result(plan, trainer, val_names[0], record)
     if record is not None:
         result["timing"] = asdict(timing := timer.finish())
         set_run_description(record.client, record.run_id, finished_run_note(result, val_names))
