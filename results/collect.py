@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,7 @@ NONFINITE_TAG = "nonfinite"
 NONFINITE = "NONFINITE"
 RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "start_time", "end_time", *TAG_COLUMNS, "params")
 AXIS_PARAMS = ("model", "scheme", "layout", "buffer_slots")  # shown in their own columns
-PROBE_ARTIFACT = "probes/final/probes.json"
-PROBE_TABLE_ARTIFACT = "probes/final/probes.csv"
+FINAL_PROBES = "probes/final"  # a run's final probe files, under its run dir and as artifacts
 QUIET_ARTIFACTS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # one bar per file otherwise
 
 
@@ -253,34 +252,43 @@ def metric_histories(client: Any, run_ids: Iterable[str], key: str = "train/loss
     return pd.DataFrame(rows, columns=["run_id", "step", "value"])
 
 
-def final_probe_table(client: Any, run_id: str, run_dir: str, folder: Path) -> dict[str, float]:
-    """Every probe value of the run's final probe table (``probes/final/probes.csv``, NaN where
-    empty): the file under its run dir when this machine has it, else the artifact downloaded into
-    ``folder`` (a remote store, or runs moved away); empty when it has none or it cannot be read."""
-    from experiments.probing.files import read_probe_table
+def final_probe_file(client: Any, run_id: str, run_dir: str, name: str, folder: Path) -> Path:
+    """The run's final probe file ``name`` (``probes.csv``, ``probes.json``): the one under its run
+    dir when this machine has it, else the artifact ``probes/final/<name>`` downloaded into
+    ``folder`` (a remote store, or runs moved away); raises when the run has none."""
+    local = Path(run_dir) / FINAL_PROBES / name if run_dir else None
+    if local is not None and local.is_file():
+        return local
+    with _environ(QUIET_ARTIFACTS):
+        return Path(client.download_artifacts(run_id, f"{FINAL_PROBES}/{name}", str(folder / run_id)))
 
-    local = Path(run_dir) / PROBE_TABLE_ARTIFACT if run_dir else None
+
+def final_probe_table(client: Any, run_id: str, run_dir: str, folder: Path) -> dict[str, float]:
+    """Every probe value of the run's final probe table (:func:`final_probe_file` ``probes.csv``,
+    NaN where empty); empty when it has none or it cannot be read."""
+    from experiments.probing.files import TABLE_FILE, read_probe_table
+
     try:
-        if local is None or not local.is_file():
-            with _environ(QUIET_ARTIFACTS):
-                local = Path(client.download_artifacts(run_id, PROBE_TABLE_ARTIFACT, str(folder / run_id)))
-        return read_probe_table(local)
+        return read_probe_table(final_probe_file(client, run_id, run_dir, TABLE_FILE, folder))
     except Exception:  # no table (a run of before it, probes off or failed) or one that does not parse
         return {}
 
 
-def probe_reports(client: Any, rows: Iterable[Sequence[str]]) -> dict[str, Any]:
+def probe_reports(
+    client: Any, rows: Iterable[Sequence[str]], run_dirs: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """For each group of run ids (a row's seeds, in order), the first run's
-    :class:`~mesh_model.probes.ProbeReport` read from its ``probes/final/probes.json`` artifact:
-    run id -> report. Groups where no run has the artifact are left out."""
-    from experiments.probing.files import load_report
+    :class:`~mesh_model.probes.ProbeReport` read from its final ``probes.json``
+    (:func:`final_probe_file`; ``run_dirs``: run id -> its run dir): run id -> report. Groups where
+    no run has the file are left out."""
+    from experiments.probing.files import REPORT_FILE, load_report
 
     reports = {}
-    with tempfile.TemporaryDirectory() as tmp, _environ(QUIET_ARTIFACTS):
+    with tempfile.TemporaryDirectory() as tmp:
         for run_ids in rows:
             for run_id in run_ids:
                 try:
-                    path = client.download_artifacts(run_id, PROBE_ARTIFACT, str(Path(tmp) / run_id))
+                    path = final_probe_file(client, run_id, (run_dirs or {}).get(run_id, ""), REPORT_FILE, Path(tmp))
                 except Exception:  # no probe artifact (probes off, failed, or not logged)
                     continue
                 reports[run_id] = load_report(path)
@@ -306,6 +314,7 @@ __all__ = [
     "ResultsError",
     "collect_runs",
     "experiment_ids",
+    "final_probe_file",
     "final_probe_table",
     "grouping_params",
     "metric_histories",

@@ -168,7 +168,8 @@ def _write(
         output.figures["lr_sensitivity"] = [p for p in lr_files if p.suffix != ".csv"]
     for key, paths in routing.plot_routing(results, steered, figures).items():
         output.figures[f"routing/{key}"] = paths
-    reports = collect.probe_reports(client, _rows_with_probes(results))
+    run_dirs = dict(zip(results.runs["run_id"], results.runs["run_dir"].fillna("").astype(str), strict=True))
+    reports = collect.probe_reports(client, _rows_with_probes(results), run_dirs)
     probe_figures = plots.plot_probes(results, reports, figures / "probes")
     for block, paths in probe_figures.items():
         for kind, files in paths.items():
