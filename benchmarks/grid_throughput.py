@@ -26,7 +26,7 @@ from pathlib import Path
 import mlflow
 from paired import paired_ratio, verdict  # benchmarks/paired.py: the statistics of every A-vs-B benchmark
 
-from results.main_job import SWEEP, main_job_arguments
+from results.commands.mesh_demo import SWEEP, main_job_arguments
 
 SEQUENTIAL = ["launcher=local"]
 PACKED: list[str] = []  # the default: launcher=auto

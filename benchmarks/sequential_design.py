@@ -1,4 +1,4 @@
-"""The group-sequential design over seeds (results/sequential.py), simulated: power against the
+"""The group-sequential design over seeds (results/stats/sequential.py), simulated: power against the
 true effect under the one-sided futility rule and under the old two-sided one, and the family-wise
 error under the null with and without futility, for claims that share an arm and for the
 covariance of the committed one-pass schemes grid.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from results.sequential import Design, decide_paths, family_paths, null_grids, shared_arm_cov
+from results.stats.sequential import Design, decide_paths, family_paths, null_grids, shared_arm_cov
 
 PAPER_EFFECT = -0.036
 EFFECTS = (-0.036, -0.07, -0.09, -0.15)

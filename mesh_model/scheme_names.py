@@ -15,7 +15,7 @@ SCHEME_FORMS = (
     "use base, mesh, static, dynamic, or a '+'-joined sum of residual, anchor, anchor_emb "
     "(optionally weighted, e.g. residual+anchor or 0.5*anchor+anchor_emb; 'core' weights f)"
 )
-# The schemes the paper reports, in its order (a block's rows are listed so, results.aggregate):
+# The schemes the paper reports, in its order (a block's rows are listed so, results.rows.aggregate):
 # vanilla (the plain model at the layout's compute depth; a layout, not a scheme), base (the loop
 # alone), the fixed supplements alone and summed, the learned ones. Lists of schemes derive from it.
 PAPER_SCHEMES = (

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from experiments.store.views import GROUPED_VIEW, KEY_METRICS_VIEW
-    from results.report import build_report
+    from results.pipeline import build_report
 
     uri = f"sqlite:///{Path(args.runs_dir).resolve() / 'mlflow.db'}" if args.runs_dir else small_store(out)
     # A grid's own store keeps the notes its job wrote (mesh-demo's opens with its regime): the

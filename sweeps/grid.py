@@ -97,7 +97,7 @@ def parse_seeds(value: str) -> list[int]:
 
 def check_seed_stages(stage: int, most: int, alpha: float) -> None:
     """``seeds.stage``, ``seeds.max`` and ``seeds.alpha`` of a group-sequential grid, one line each
-    (the CLI's :class:`AutoSeeds` and the design, ``results.sequential.Design``, share it)."""
+    (the CLI's :class:`AutoSeeds` and the design, ``results.stats.sequential.Design``, share it)."""
     if stage < 2:
         raise ConfigError("seeds.stage", stage, "an integer >= 2 (a paired t-test needs two seeds per arm)")
     if most < stage:
@@ -106,14 +106,14 @@ def check_seed_stages(stage: int, most: int, alpha: float) -> None:
         raise ConfigError("seeds.alpha", alpha, "a number strictly between 0 and 1, e.g. 0.05")
 
 
-# The alpha-spending functions of seeds=auto (results/sequential.py's spent()).
+# The alpha-spending functions of seeds=auto (results/stats/sequential.py's spent()).
 SPENDING = ("obrien_fleming", "pocock")
 
 
 @dataclass(frozen=True)
 class AutoSeeds:
     """``seeds=auto``: seeds added ``stage`` at a time up to ``max`` per arm, while a primary claim
-    is undecided at family-wise ``alpha`` (results/sequential.py); stops early past a budget."""
+    is undecided at family-wise ``alpha`` (results/stats/sequential.py); stops early past a budget."""
 
     stage: int = 3
     max: int = 12
@@ -233,7 +233,7 @@ def read_request(name: str, arguments: Sequence[str]) -> tuple[LaunchConfig, lis
         raise SweepError(f"sweep={name!r} is invalid: {did_you_mean(name, known)}known sweeps: {', '.join(known)}")
     if any(a.startswith("seeds.") or a == "seeds=auto" for a in arguments):
         split_auto_seeds(arguments)  # seeds.* without seeds=auto: said in one line
-        raise SweepError("seeds=auto runs through mesh-sweep's stage driver (results/seeds_auto.py)")
+        raise SweepError("seeds=auto runs through mesh-sweep's stage driver (results/commands/seeds_auto.py)")
     launch_overrides, cell_overrides = split_arguments(arguments)
     check_overrides(cell_overrides)
     launch = compose_launch(launch_overrides)

@@ -1,4 +1,4 @@
-"""results.claims: the paper's claims file, the verdicts on synthetic runs built to give each one,
+"""results.verdicts.claims: the paper's claims file, the verdicts on synthetic runs built to give each one,
 and claims.md."""
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import pytest
 from scipy import stats as scipy_stats
 
 from experiments.probing.files import SUMMARY_METRICS
-from results.aggregate import Row, aggregate
-from results.claims import (
+from results.render.claims_md import write_claims
+from results.rows.aggregate import Row, aggregate
+from results.rows.frame import RUN_COLUMNS, TAG_COLUMNS, add_main_set
+from results.stats.comparison import Comparison, compare, format_p, holm, min_detectable, seeds_needed
+from results.verdicts.claims import (
     CONTRADICTED,
     EQUIVALENT,
     HOLDS,
@@ -23,14 +26,11 @@ from results.claims import (
     Claim,
     ClaimComparison,
     best_of_verdict,
-    evaluate,
-    load_claims,
     pairwise_verdict,
 )
-from results.claims_md import write_claims
-from results.claims_schema import ClaimsError, Selector
-from results.collect import RUN_COLUMNS, TAG_COLUMNS, add_main_set
-from results.stats import Comparison, compare, format_p, holm, min_detectable, seeds_needed
+from results.verdicts.decide import decide
+from results.verdicts.engine import evaluate
+from results.verdicts.schema import ClaimsError, Selector, load_claims
 
 COMMIT = "0123456789abcdef0123"
 ACTIVE = "params_active_non_embedding"
@@ -74,7 +74,7 @@ CELLS = {
 
 
 def runs_frame(cells=CELLS) -> pd.DataFrame:
-    """The frame :func:`results.collect.collect_runs` returns for these cells: one FINISHED run per
+    """The frame :func:`results.runs.store.collect_runs` returns for these cells: one FINISHED run per
     seed with its tags, params and final metrics (``val/shakespeare/{loss,ppl}``, ``val_loss``)."""
     records = []
     for (preset, scheme, layout, slots), metrics in cells.items():
@@ -109,7 +109,8 @@ def runs_frame(cells=CELLS) -> pd.DataFrame:
 def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("claims")
     results = aggregate(runs_frame())
-    path, evaluations = write_claims(results, out, "claims-test", ["claims"])
+    decided = decide(results)
+    path, evaluations = write_claims(decided, results, out, "claims-test", ["claims"]), decided.evaluations
     return path.read_text(), evaluations
 
 
@@ -353,7 +354,9 @@ def test_two_seeds_are_fragile_and_get_a_banner(tmp_path):
     cells = {key: value for key, value in CELLS.items() if key[0] == "tiny"}
     frame = runs_frame(cells)
     frame = frame[frame["seed"] != "2"]
-    path, evaluations = write_claims(aggregate(frame), tmp_path, "two-seeds", ["claims"])
+    results = aggregate(frame)
+    decided = decide(results)
+    path, evaluations = write_claims(decided, results, tmp_path, "two-seeds", ["claims"]), decided.evaluations
     text = path.read_text()
     assert "> **Fewer than 3 seeds**" in text
     base = next(e for e in evaluations if e.claim.id == "mesh_below_base")
@@ -463,7 +466,8 @@ def test_claims_are_evaluated_for_any_experiment_set():
 
 
 def test_claims_rebuilt_from_runs_csv_match_the_store_frame(tmp_path):
-    from results.from_csv import read_runs_csv, rebuild_claims
+    from results.pipeline import rebuild_claims
+    from results.runs.committed import read_runs_csv
 
     frame = runs_frame()
     results = aggregate(frame)
@@ -493,8 +497,8 @@ def test_claims_rebuilt_from_runs_csv_match_the_store_frame(tmp_path):
 
 
 def test_a_runs_csv_with_overrides_is_refused_in_one_line(tmp_path):
-    from results.collect import ResultsError
-    from results.from_csv import read_runs_csv
+    from results.rows.frame import ResultsError
+    from results.runs.committed import read_runs_csv
 
     frame = runs_frame().drop(columns=["params"]).assign(overrides="optim.lr=0.001")
     frame.to_csv(tmp_path / "runs.csv", index=False)

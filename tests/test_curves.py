@@ -1,4 +1,4 @@
-"""Validation over training (results/curves.py): curves.csv read back from a real sqlite MLflow store,
+"""Validation over training (results/verdicts/over_training.py): curves.csv read back from a real sqlite MLflow store,
 the verdict spans, the claims evaluated at each validation step against scipy, and the figures."""
 
 from __future__ import annotations
@@ -10,8 +10,12 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from results import curves
-from results.cli import main
+from results.commands.mesh_results import main
+from results.render import over_training as curves_text
+from results.rows import curves as curve_rows
+from results.stats import bands
+from results.verdicts import decide as decide_mod
+from results.verdicts import over_training as curves
 
 TOKENS_PER_STEP = 2048
 STEPS = (10, 20, 30, 40)
@@ -66,8 +70,8 @@ def report(tmp_path_factory):
 
 def test_curves_csv_holds_every_logged_validation_step_with_its_tokens(report):
     out, client = report
-    table = pd.read_csv(out / curves.FILE)
-    assert list(table.columns) == list(curves.COLUMNS)
+    table = pd.read_csv(out / curve_rows.FILE)
+    assert list(table.columns) == list(curve_rows.COLUMNS)
     assert sorted(table["metric"].unique()) == ["val/shakespeare/loss", "val/shakespeare/ppl"]
     assert len(table) == len(ROWS) * len(SEEDS) * len(STEPS) * 2
     for _, line in table.iterrows():
@@ -89,38 +93,38 @@ def test_spans_group_consecutive_verdicts():
         ("b", 2e6, 2e6, 1),
         ("c", 2.4e6, 3e6, 2),
     ]
-    assert curves.spans_text(groups) == "a from 0.2M to 1.6M tokens; b at 2M tokens; c after"
-    assert curves.spans_text(curves.spans([10, 20], ["a", "a"]), "steps") == (
+    assert curves_text.spans_text(groups) == "a from 0.2M to 1.6M tokens; b at 2M tokens; c after"
+    assert curves_text.spans_text(curves.spans([10, 20], ["a", "a"]), "steps") == (
         "a at every validation point, from step 10 to 20"
     )
-    assert curves.spans_text(curves.spans([12288], ["a"])) == "a at the one validation point (12.3k tokens)"
+    assert curves_text.spans_text(curves.spans([12288], ["a"])) == "a at the one validation point (12.3k tokens)"
     with pytest.raises(ValueError, match="2 positions for 1 verdicts"):
         curves.spans([1, 2], ["a"])
 
 
 def test_t_band_is_scipys_t_interval():
     values = [3.1, 2.9, 3.4, 3.05]
-    mean, half = curves.t_band(values)
+    mean, half = bands.t_band(values)
     low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=mean, scale=scipy_stats.sem(values))
     assert (mean - half, mean + half) == pytest.approx((low, high), rel=1e-12)
-    assert curves.t_band([2.0]) == (2.0, None)
+    assert bands.t_band([2.0]) == (2.0, None)
 
 
 def _results(out):
-    from results.aggregate import aggregate
-    from results.collect import collect_runs, open_client
+    from results.rows.aggregate import aggregate
+    from results.runs.store import collect_runs, open_client
 
     return aggregate(collect_runs(open_client(f"sqlite:///{out.parent / 'mlflow.db'}"), ["curves"]), "val_loss")
 
 
 def test_claims_are_evaluated_at_each_validation_step(report):
-    from results.claims import evaluate
+    from results.verdicts.engine import evaluate
 
     out, _ = report
     results = _results(out)
-    table = pd.read_csv(out / curves.FILE)
+    table = pd.read_csv(out / curve_rows.FILE)
     final = evaluate(results)
-    trajectories = curves.claims_over_training(results, table, final)
+    trajectories = decide_mod.claims_over_training(results, table, final)
     (mesh_base,) = [t for t in trajectories if t.evaluation.claim.id == "mesh_below_base"]
     assert mesh_base.steps == STEPS and mesh_base.tokens == tuple(s * TOKENS_PER_STEP for s in STEPS)
     # the paired test scipy runs on the PPL at each step decides where the verdict changes
@@ -139,16 +143,16 @@ def test_claims_are_evaluated_at_each_validation_step(report):
     assert "## Over training (descriptive)" in text and "no verdict is drawn" in text
     section = text.split("## Over training", 1)[1]
     assert not any(word in section for word in (" holds", "contradicted", "inconclusive", "equivalent"))
-    assert curves.trajectory_text(mesh_base) in text
-    assert "tokens" in curves.trajectory_text(mesh_base)
+    assert curves_text.trajectory_text(mesh_base) in text
+    assert "tokens" in curves_text.trajectory_text(mesh_base)
 
 
 def test_claim_deltas_are_the_paired_difference_in_loss_with_scipys_ci(report):
-    from results.claims import evaluate
+    from results.verdicts.engine import evaluate
 
     out, _ = report
     results = _results(out)
-    table = pd.read_csv(out / curves.FILE)
+    table = pd.read_csv(out / curve_rows.FILE)
     chosen = [e for e in evaluate(results) if e.claim.id == "mesh_below_base"]
     deltas = curves.claim_deltas(results, table, chosen)
     assert set(deltas["metric"]) == {"val/shakespeare/loss"}

@@ -387,7 +387,7 @@ def test_kill_9_of_the_sweep_takes_its_workers_with_it_without_a_traceback(tmp_p
 def test_seeds_auto_takes_no_decision_on_a_cell_another_process_still_trains(tmp_path):
     """A run still RUNNING (a worker of a grid that died trains it) is no settled cell: seeds=auto
     names it instead of deciding on the runs that happen to be finished."""
-    from results.seeds_auto import unsettled
+    from results.commands.seeds_auto import unsettled
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)

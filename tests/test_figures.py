@@ -21,8 +21,7 @@ from experiments.probing.figures import (
 from mesh_model.probe_names import FALLBACK_COLORS, SCHEME_COLORS, scheme_color
 from mesh_model.probes import ESTIMATORS, ProbeReport
 from mesh_model.scheme_names import PAPER_SCHEMES
-from results.aggregate import Block, Results, Row, Stat
-from results.plots import (
+from results.render.plots import (
     plot_probes,
     ppl_vs_params_figure,
     ranking_figure,
@@ -30,6 +29,7 @@ from results.plots import (
     smooth_histories,
     train_loss_figure,
 )
+from results.rows.aggregate import Block, Results, Row, Stat
 
 KNOWN = PAPER_SCHEMES
 SEEDS = ("0", "1")
@@ -139,7 +139,7 @@ def test_a_scheme_has_the_same_colour_in_the_loss_ppl_and_probe_figures():
 
 
 def test_plot_probes_passes_each_rows_scheme(tmp_path, monkeypatch):
-    import results.plots as plots
+    import results.render.plots as plots
 
     seen = {}
     monkeypatch.setattr(plots, "plot_comparison", lambda reports, out, schemes: seen.update(schemes) or {})
@@ -225,7 +225,7 @@ def test_a_vanilla_state_is_one_stack_in_the_cka_and_spectra_panels():
 def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_log_y():
     from scipy import stats as scipy_stats
 
-    from results.plots import validation_curves_figure
+    from results.render.plots import validation_curves_figure
 
     rows = _block()
     results = _results(rows)
@@ -253,7 +253,7 @@ def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_l
 
 
 def test_validation_axis_spans_the_means_when_a_two_seed_band_goes_below_zero():
-    from results.plots import BAND_MARGIN, validation_curves_figure
+    from results.render.plots import BAND_MARGIN, validation_curves_figure
 
     rows = [_row("base", "1+2R2+1", (97.0, 98.0), 66.67), _row("mesh", "1+2R2+1", (83.0, 86.0), 66.7)]
     results = _results(rows)

@@ -20,7 +20,7 @@ from experiments.identity import (
 )
 from experiments.plan import plan_run
 from experiments.train import train
-from results.collect import grouping_params, overrides_label
+from results.rows.frame import grouping_params, overrides_label
 
 
 def plan(tmp_path, *overrides):

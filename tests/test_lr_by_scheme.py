@@ -10,7 +10,7 @@ from experiments.config import OptimConfig
 from experiments.plan import InputError, plan_run
 from experiments.tracking import flatten
 from mesh_model import ConfigError
-from results.collect import grouping_params
+from results.rows.frame import grouping_params
 
 BY_SCHEME = [
     "+optim.lr_by_scheme.vanilla=0.002",

@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 from mlflow.entities import Metric, Param
 
-from results.aggregate import aggregate
-from results.collect import collect_runs
-from results.lr_sensitivity import best_lrs, lr_curves, lr_markdown, write_lr_sensitivity
-from results.outdir import REPORT_ENTRIES
+from results.publish.folder import REPORT_ENTRIES
+from results.render.lr import lr_markdown, write_lr_sensitivity
+from results.rows.aggregate import aggregate
+from results.runs.store import collect_runs
+from results.verdicts.lr import best_lrs, lr_curves
 
 # scheme -> {lr: PPL per seed}: base is best at 2e-3 (inside the range), mesh at 4e-3 (the edge).
 PPL = {
@@ -107,7 +108,7 @@ def test_the_best_and_the_runner_up_are_within_noise_when_their_gap_is_at_most_2
     # the runner-up 4e-3 at 48.8 and 50.2 against 49.0 and 49.6: per-seed gaps -0.4% and +1.2%, within 2 SE
     from dataclasses import replace
 
-    from results.aggregate import Stat
+    from results.rows.aggregate import Stat
 
     close = replace(base.points[2].row, stats={res.ppl_metric: Stat((48.8, 50.2), ("0", "1"))})
     noisy = replace(base, points=(*base.points[:2], replace(base.points[2], row=close)))
@@ -123,7 +124,7 @@ def test_a_grid_at_one_lr_per_scheme_has_no_section(tmp_path_factory, tmp_path):
 
 
 def test_mesh_results_puts_the_section_after_the_ranking_with_its_csv_and_figure(results, tmp_path):
-    from results.cli import main
+    from results.commands.mesh_results import main
 
     _, root = results
     out = tmp_path / "report"

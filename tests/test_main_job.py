@@ -12,8 +12,8 @@ import mlflow
 import pandas as pd
 import pytest
 
-from results.claims import load_claims
-from results.main_job import run_main_job
+from results.commands.mesh_demo import run_main_job
+from results.verdicts.schema import load_claims
 from sweeps.status import find_grid
 
 SCHEMES = ["vanilla", "base", "residual", "anchor", "anchor_emb", "mesh"]

@@ -1,13 +1,27 @@
-"""The open-choices screen's declared rule (results/open_choices.py) on runs whose answer is known."""
+"""The open-choices screen's declared rule (results/cpu-reproduction/one-pass/open_choices.py, the
+study's own script, outside the library) on runs whose answer is known."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from results.open_choices import arm_of, evaluate_screen, main, selected
+_SCRIPT = Path(__file__).resolve().parent.parent / "results" / "cpu-reproduction" / "one-pass" / "open_choices.py"
+_spec = importlib.util.spec_from_file_location("open_choices", _SCRIPT)
+open_choices = importlib.util.module_from_spec(_spec)
+sys.modules["open_choices"] = open_choices  # its dataclasses look their module up there
+_spec.loader.exec_module(open_choices)
+arm_of, evaluate_screen, main, selected = (
+    open_choices.arm_of,
+    open_choices.evaluate_screen,
+    open_choices.main,
+    open_choices.selected,
+)
 
 SEEDS = (12, 13, 14)
 ROWS = {  # arm -> (scheme, overrides, final PPL per seed, f_K coefficient at the end per seed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlflow
 from test_curves import log_curve_run
 
-from results.cli import main
+from results.commands.mesh_results import main
 
 STEPS = (10, 20, 30)
 ROWS = (("vanilla", "6"), ("base", "1+2R2+1"), ("mesh", "1+2R2+1"))

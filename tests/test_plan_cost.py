@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments.budget import flop_seconds, run_cost
-from results.seeds_auto import cores_per_cell, grid_arms, print_plan
+from results.commands.seeds_auto import cores_per_cell, grid_arms, print_plan
 from sweeps.packing import usable_cores
 
 

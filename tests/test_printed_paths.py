@@ -8,7 +8,7 @@ import re
 
 import mlflow
 
-from results.cli import main
+from results.commands.mesh_results import main
 
 
 def test_mesh_results_prints_absolute_paths_from_a_relative_out(tmp_path, monkeypatch, capsys):

@@ -420,7 +420,7 @@ def test_probe_report_on_tiny_looped_models(reports, scheme):
     assert metrics["probe/sv50/h1"] == report.spectra["h1"][31].item()
     assert report.spectra["h1"][32:].isnan().all()
     assert metrics["probe/erank/h3"] == report.effective_ranks["h3"]
-    # h1..hK, not h0 (results.aggregate reads the same mean from runs that did not log it)
+    # h1..hK, not h0 (results.rows.aggregate reads the same mean from runs that did not log it)
     assert metrics["probe/erank/loop_mean"] == statistics.fmean(report.effective_ranks[f"h{t}"] for t in (1, 2, 3))
 
 

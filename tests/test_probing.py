@@ -20,7 +20,8 @@ from experiments.data.config import as_data_config
 from experiments.data.datamodule import TokenDataModule
 from experiments.data.prepare import prepare
 from experiments.plan import InputError
-from experiments.probing.callback import ProbeCallback, held_out_batches, probe_callbacks
+from experiments.probing.batches import held_out_batches
+from experiments.probing.callback import ProbeCallback, probe_callbacks
 from experiments.probing.cli import main as probe_main
 from experiments.probing.files import (
     SUMMARY_METRICS,
@@ -33,7 +34,7 @@ from experiments.probing.files import (
 from experiments.probing.state_routing import StateRoutingCallback, state_routing_metrics
 from experiments.train import padded_vocab, train
 from mesh_model import ModelConfig, build_model
-from results.claims import load_claims
+from results.verdicts.schema import load_claims
 
 FIGURES = [f"probe_{name}.{fmt}" for name in ("updates", "cka_rbf", "cka_linear", "spectra") for fmt in ("png", "svg")]
 
@@ -91,7 +92,7 @@ def test_mlflow_holds_the_summary_probe_metrics_and_probes_csv_every_value(runs,
     assert len(table) == 2 + 28 + 8 + 4 * (stages * (stages - 1) // 2 + 4) + 2 * stages + 1
     claims = {m for c in load_claims().claims for m in (c.metric, *c.also) if m.startswith("probe/")}
     assert claims and claims <= set(logged)
-    # The loop states' mean effective rank, as results.aggregate reads it from older runs.
+    # The loop states' mean effective rank, as results.rows.aggregate reads it from older runs.
     assert table["probe/erank/loop_mean"] == statistics.fmean([table["probe/erank/h1"], table["probe/erank/h2"]])
 
 

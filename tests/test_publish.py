@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from results.publish import NOTE_LIMIT, report_note
+from results.publish.parents import NOTE_LIMIT, report_note
 
 TABLE = "## Results\n\n| scheme | PPL |\n|---|---:|\n| base | 49.9 ± 0.1 (n=3) |\n| mesh | 48.1 ± 0.2 (n=3) |\n"
 CLAIMS = """# The paper's claims

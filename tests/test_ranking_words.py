@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from results.ranking import NO_CLAIM, verdict
+from results.verdicts.ranking import NO_CLAIM, verdict
 
 PPL = "val/pile/ppl"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from test_claims import runs_frame
 
-from results.aggregate import aggregate
-from results.from_csv import read_runs_csv
-from results.report_markdown import _regime
+from results.render.report_md import _regime
+from results.rows.aggregate import aggregate
+from results.runs.committed import read_runs_csv
 
 
 def _frame(**metrics: float):

@@ -35,15 +35,15 @@ from experiments.store.views import (
     read_view,
 )
 from mesh_model.probe_names import scheme_color
-from results.aggregate import Stat, aggregate
-from results.cli import main
-from results.collect import collect_runs
-from results.outdir import REPORT_ENTRIES
-from results.paper import load_paper_numbers, paper_values
-from results.publish import tag_runs
-from results.render import latex_escape, to_frame
-from results.stats import format_p
-from results.tables import probe_table
+from results.commands.mesh_results import main
+from results.publish.folder import REPORT_ENTRIES
+from results.publish.parents import tag_runs
+from results.render.formats import latex_escape, to_frame
+from results.render.tables import probe_table
+from results.rows.aggregate import Stat, aggregate
+from results.rows.paper import load_paper_numbers, paper_values
+from results.runs.store import collect_runs
+from results.stats.comparison import format_p
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -418,7 +418,7 @@ def test_the_methods_are_said_once_at_the_end_and_the_probe_table_is_an_appendix
 
 
 def test_every_entry_a_report_writes_is_one_its_folder_may_be_replaced_for(synthetic):
-    """A folder holding only these is swapped whole by the next report (results/outdir.py)."""
+    """A folder holding only these is swapped whole by the next report (results/publish/folder.py)."""
     assert {p.name for p in synthetic.iterdir()} <= REPORT_ENTRIES
 
 
@@ -916,8 +916,8 @@ def test_the_routing_figure_draws_each_moe_row_in_its_schemes_colour_in_the_orde
     from matplotlib.colors import to_hex
 
     from experiments.probing.routing_figures import routing_comparison_figure
-    from results.aggregate import Row
-    from results.plots import routing_series
+    from results.render.plots import routing_series
+    from results.rows.aggregate import Row
 
     def row(scheme: str, layout: str, calls: list[str], jaccard: float | None) -> Row:
         stats = {f"probe/moe_entropy/{c}": Stat((float(i), float(i) + 0.2), ("0", "1")) for i, c in enumerate(calls)}

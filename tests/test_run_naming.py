@@ -21,8 +21,8 @@ from experiments.plan import RunPlan, plan_run
 from experiments.train import _open_record, _run_facts
 from mesh_model import build_model
 from mesh_model.probe_names import scheme_color
-from results.aggregate import aggregate
-from results.collect import collect_runs
+from results.rows.aggregate import aggregate
+from results.runs.store import collect_runs
 
 
 @pytest.fixture(scope="module")

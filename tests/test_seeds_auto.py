@@ -1,4 +1,4 @@
-"""``mesh-sweep GRID seeds=auto`` (stages of seeds, decided by results/sequential.py) and ``--plan``."""
+"""``mesh-sweep GRID seeds=auto`` (stages of seeds, decided by results/stats/sequential.py) and ``--plan``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from results.sequential import PRIOR_SD, PRIOR_SD_SOURCE, Design
-from results.stats import seeds_needed
+from results.stats.comparison import seeds_needed
+from results.stats.sequential import PRIOR_SD, PRIOR_SD_SOURCE, Design
 from sweeps.sweep import main, run_sweep
 
 # The smallest grid cell (tests/conftest.py's GRID_CELL, two steps), without probes.
@@ -140,8 +140,8 @@ def test_an_arm_with_mesh_only_settings_is_tested_against_base_and_a_stage_witho
 
 
 def test_untested_primary_claims_are_named():
-    from results.seeds_auto import untested_claims
-    from results.sequential_verdicts import Verdict
+    from results.commands.seeds_auto import untested_claims
+    from results.verdicts.sequential import Verdict
 
     spoken = Verdict("mesh_below_base", "mesh vs base", 3, 0.01, 0.5, 391.5, "continue", "continue")
     assert untested_claims(["mesh_below_base", "mesh_below_anchor"], [spoken]) == ["mesh_below_anchor"]
@@ -152,7 +152,7 @@ def test_untested_primary_claims_are_named():
 def test_the_next_stage_is_named_by_its_seeds_from_seeds_first():
     from types import SimpleNamespace
 
-    from results.seeds_auto import _stop_reason
+    from results.commands.seeds_auto import _stop_reason
     from sweeps.grid import AutoSeeds
 
     auto = AutoSeeds(stage=3, max=12, first=100)

@@ -1,4 +1,4 @@
-"""The group-sequential design over seeds (results/sequential.py), proven by simulation."""
+"""The group-sequential design over seeds (results/stats/sequential.py), proven by simulation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import t as student_t
 
 from mesh_model import ConfigError
-from results.sequential import (
+from results.stats.sequential import (
     CONTINUE,
     FUTILE,
     INCONCLUSIVE,
@@ -91,7 +91,7 @@ def test_one_look_is_the_plain_t_test():
     (bound,) = Design(stage=12, n_max=12, alpha=0.05).boundaries
     assert bound == pytest.approx(student_t.ppf(0.975, 11), rel=0.005)
     fixed = Design(stage=12, n_max=12, alpha=0.05, futility=False).power(EFFECT, SD, paths=100_000)
-    from results.stats import power
+    from results.stats.comparison import power
 
     assert fixed == pytest.approx(power(EFFECT, SD, 12, 0.05), abs=0.006)
 
@@ -192,9 +192,9 @@ def test_family_wise_error_with_correlated_claims(which, futility):
 
 
 def test_the_prior_sd_is_at_least_every_committed_tiny_grids():
-    from results.aggregate import aggregate
-    from results.claims import evaluate
-    from results.from_csv import read_runs_csv
+    from results.rows.aggregate import aggregate
+    from results.runs.committed import read_runs_csv
+    from results.verdicts.engine import evaluate
 
     found = []
     for csv in sorted((Path(__file__).parents[1] / "results/cpu-reproduction").glob("**/runs.csv")):

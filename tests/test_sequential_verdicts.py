@@ -1,4 +1,4 @@
-"""The design that chose the seeds is the analysis that reports them (results/sequential_verdicts.py),
+"""The design that chose the seeds is the analysis that reports them (results/verdicts/sequential.py),
 checked on the committed one-pass schemes grid: its runs.csv and its seeds_auto.log."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from results.from_csv import rebuild_claims
-from results.sequential import Design
-from results.sequential_verdicts import FUTILITY_STOP, read_confirmatory, read_design
+from results.pipeline import rebuild_claims
+from results.runs.stages import read_confirmatory, read_design
+from results.stats.sequential import Design
+from results.verdicts.sequential import FUTILITY_STOP
 
 ONE_PASS = Path(__file__).parents[1] / "results/cpu-reproduction/one-pass"
 SCHEMES = ONE_PASS / "schemes"

@@ -1,4 +1,4 @@
-"""results.stats: the tests over seeds give scipy's p-values and confidence intervals."""
+"""results.stats.comparison: the tests over seeds give scipy's p-values and confidence intervals."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from results.aggregate import Stat
-from results.stats import compare, holm
+from results.rows.aggregate import Stat
+from results.stats.comparison import compare, holm
 
 RNG = np.random.default_rng(0)
 
@@ -121,7 +121,7 @@ def test_benjamini_hochberg_matches_scipy():
     import numpy as np
     from scipy.stats import false_discovery_control
 
-    from results.stats import benjamini_hochberg
+    from results.stats.comparison import benjamini_hochberg
 
     rng = np.random.default_rng(3)
     for m in (1, 2, 5, 17):
@@ -133,7 +133,7 @@ def test_power_of_the_paired_t_matches_a_simulation():
     import numpy as np
     from scipy.stats import ttest_rel
 
-    from results.stats import power
+    from results.stats.comparison import power
 
     rng = np.random.default_rng(0)
     n, effect, sd, trials = 5, 0.8, 1.0, 4000
@@ -147,7 +147,7 @@ def test_power_of_two_rows_matches_a_simulation():
     import numpy as np
     from scipy.stats import ttest_ind
 
-    from results.stats import power
+    from results.stats.comparison import power
 
     rng = np.random.default_rng(1)
     n, effect, sd, trials = 6, 1.5, 1.0, 4000
@@ -161,7 +161,7 @@ def test_sample_size_and_mde_textbook_values():
     from scipy.stats import nct
     from scipy.stats import t as student_t
 
-    from results.stats import min_detectable, power, seeds_needed
+    from results.stats.comparison import min_detectable, power, seeds_needed
 
     # paired d = 1 at alpha .05 two-sided, 80% power: n = 10 (power 0.803; n = 9 gives 0.759)
     assert seeds_needed(1.0, 1.0) == 10
@@ -178,7 +178,7 @@ def test_sample_size_and_mde_textbook_values():
 
 
 def test_tost_equivalence_is_the_90_ci_inside_the_margin():
-    from results.stats import compare, equivalent
+    from results.stats.comparison import compare, equivalent
 
     a = {"0": 1.000, "1": 1.010, "2": 0.990, "3": 1.005}
     b = {"0": 1.001, "1": 1.008, "2": 0.992, "3": 1.004}

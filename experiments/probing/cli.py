@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     from experiments.config import ProbeConfig
     from experiments.data.config import as_data_config
     from experiments.data.prepare import prepare
-    from experiments.probing.callback import describe_batches, held_out_batches
+    from experiments.probing.batches import describe_batches, held_out_batches
     from experiments.probing.files import PROBE_DIR, probe_metrics, summary_metrics, write_probe_files
     from experiments.probing.routing import routing_report
     from mesh_model.probes import probe_report

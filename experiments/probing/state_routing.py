@@ -133,7 +133,7 @@ class StateRoutingCallback(pl.Callback):
         model = getattr(pl_module, "model", pl_module)
         if getattr(model, "state_passing", None) is None:
             return
-        from experiments.probing.callback import held_out_batches
+        from experiments.probing.batches import held_out_batches
 
         data = trainer.datamodule.cfg
         if self._batches is None:

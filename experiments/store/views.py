@@ -64,7 +64,7 @@ CARD_HEIGHT = 360  # the UI's default height of a chart
 # Only training runs (every one is tagged with its seed; a sweep's parent run is not): the parent,
 # a row of dashes, stays out of the list and the charts.
 TRAINING_RUNS_FILTER = "tags.seed IS NOT NULL"
-ROW_TAG = "row"  # a run's row in the report: its config without the seed (results.publish writes it)
+ROW_TAG = "row"  # a run's row in the report: its config without the seed (results.publish.parents writes it)
 RUN_COLOR_TAG = "mlflow.runColor"  # the run's colour in the UI's charts
 
 
@@ -237,7 +237,7 @@ def write_key_metrics_view(client: Any, experiment_id: str, val_sets: Sequence[s
 def write_grouped_view(client: Any, experiment_id: str, val_sets: Sequence[str], group_by: str) -> str:
     """Keep :func:`grouped_view` in the experiment (replacing an earlier one), as
     :func:`write_key_metrics_view` does; its key. A grid writes it when it starts (sweeps/sweep.py),
-    ``mesh-results`` again once the runs hold every metric (results/publish.py)."""
+    ``mesh-results`` again once the runs hold every metric (results/publish/parents.py)."""
     view = grouped_view(val_sets, group_by, logged_metrics(client, experiment_id))
     client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + GROUPED_VIEW, encode_view(view))
     return GROUPED_VIEW

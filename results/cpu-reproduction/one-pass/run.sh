@@ -66,7 +66,7 @@ for stage in "${STAGES[@]}"; do
       # Declared 2026-12-04, before it ran: the LR sweep again on seeds 20-21, disjoint from every
       # evaluation grid's (schemes 0-11, the open-choices screen 12-14, its re-tuning 40-41, its
       # confirmation from 100), with anchor at its own LRs. Decision: each scheme's best mean val PPL
-      # at step 625; where the best and the runner-up are within noise (results/lr_sensitivity.py),
+      # at step 625; where the best and the runner-up are within noise (results/verdicts/lr.py),
       # the report says so and the lower LR is kept. A scheme whose best LR changes gets the schemes
       # grid re-run at it (a new experiment, seeds=auto), and the verdicts that depend on it are
       # reported beside the old ones.
@@ -137,9 +137,9 @@ for stage in "${STAGES[@]}"; do
       report skip_combos onepass_schemes,onepass_skip_combos
       [ -d "$RUNS" ] && report lr_disjoint onepass_lr_disjoint
       [ -d "$RUNS" ] && report open_choices onepass_open_choices \
-        && .venv/bin/python -m results.open_choices "$OUT/open_choices" >/dev/null  # the declared rule: decision.md
+        && .venv/bin/python "$OUT/open_choices.py" "$OUT/open_choices" >/dev/null  # the declared rule: decision.md
       [ -d "$RUNS" ] && report open_choices_confirm onepass_open_choices_confirm \
-        && .venv/bin/python -m results.open_choices --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
+        && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
       echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, plan or report" >&2
