@@ -1,7 +1,8 @@
-"""The README is a page a newcomer enters and the docs/ pages hold the rest: the README is short and
-opens with the two commands, every docs page is in the index, and every relative link and #anchor
-in the README, the docs pages and the reproduction's README points at a file that exists and a
-heading that file has (GitHub's slugs)."""
+"""The README is a page a newcomer enters and the docs/ pages hold the rest: the README is short,
+opens with the two commands and maps the tree and its layers as they are; every docs page is in the
+index; every relative link and #anchor in the README, the docs pages and the READMEs of the
+reproduction, slurm/ and benchmarks/ points at a file that exists and a heading that file has
+(GitHub's slugs); and the main job's time is given the same wherever it is given."""
 
 import re
 from pathlib import Path
@@ -126,6 +127,19 @@ def test_every_docs_page_is_in_the_index_and_the_readmes_docs_section_in_the_sam
     ]
     assert sorted(set(index)) == PAGES
     assert listed == index
+    assert "docs/README.md" in links(README)
+
+
+def test_the_readmes_tree_and_layers_are_the_repositorys():
+    text = README.read_text()
+    tree = text.split("\n## Where things are\n", 1)[1].split("```")[1]
+    named = re.findall(r"^(\w+)/ ", tree, flags=re.M)
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages <= set(named)
+    assert [name for name in named if not (ROOT / name).is_dir()] == []
+    layers = re.search(r"^layers = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), flags=re.M).group(1)
+    order = " -> ".join(re.findall(r'"(\w+)"', layers))
+    assert order == "results -> sweeps -> experiments -> mesh_model" and f"`{order}`" in text
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
