@@ -1,4 +1,4 @@
-"""The README's "Add your own scheme" recipe, proven with public APIs only: a new scheme is one
+"""The "Add your own scheme" recipe of docs/model.md, proven with public APIs only: a new scheme is one
 ``StatePassing`` subclass (``begin``/``step``/``end``), and these are the checks to copy for it.
 
 Here the scheme is attached to a built model by hand (``model.state_passing = ...``); once its

@@ -1,4 +1,4 @@
-"""The README's main job, on a reduced number of steps: runs, table and report."""
+"""The main job (`make demo`, docs/demo.md), on a reduced number of steps: runs, table and report."""
 
 from __future__ import annotations
 
