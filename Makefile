@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data data-large demo check params test test-gpu lint format clean slurm slurm-stop slurm-status
+.PHONY: setup data data-large demo reports check params test test-gpu lint format clean slurm slurm-stop slurm-status
 
 setup: $(STAMP)
 
@@ -30,6 +30,14 @@ data-large: setup
 # with set-up on 2 free CPU cores, then the results table, results/schemes/report.md and how to open the MLflow UI.
 demo: setup data
 	$(VENV)/bin/mesh-demo
+
+# Every committed report under results/cpu-reproduction/ written again, whole, from the data it keeps
+# (runs.csv, curves.csv, routing.csv, report.json: no store), then the open-choices study's decision.md
+# and readouts.md from the same folders. tests/test_committed_reports.py checks the result is what is committed.
+reports: setup
+	$(PY) -m results.commands.reports
+	$(PY) results/cpu-reproduction/one-pass/open_choices.py results/cpu-reproduction/one-pass/open_choices
+	$(PY) results/cpu-reproduction/one-pass/open_choices.py --confirmation results/cpu-reproduction/one-pass/open_choices_confirm
 
 check: setup
 	$(VENV)/bin/mesh-model check

@@ -1,13 +1,22 @@
-"""The ``mesh-results`` pipeline: :func:`build_report` reads the runs, aggregates them, writes the
-tables and ``claims.md``, draws the figures, and writes ``report.md`` beside them (its Markdown:
-:mod:`results.render.report_md`; links are relative, so the folder reads well on GitHub wherever it
-is committed), then puts the report on the sweeps' parent runs.
+"""The ``mesh-results`` pipeline: the stages in order, evaluating once, writing each report whole.
+
+:func:`build_report` reads the runs of some experiments from the MLflow store (:mod:`results.runs`),
+and :func:`rebuild_report` reads the data a report folder keeps (``runs.csv``, ``curves.csv``,
+``routing.csv``, ``train_loss.csv``, ``probe_reports/``, ``report.json``: :mod:`results.runs.committed`);
+both then run the same :func:`write_report`: rows (:mod:`results.rows`), the claims decided once
+(:func:`results.verdicts.decide.decide`), tables, ``claims.md``, figures and ``report.md``
+(:mod:`results.render`), written with the data beside them in a folder that takes the report's
+place whole (:mod:`results.publish.folder`). A report built from the store and the same report
+rebuilt from its folder are the same bytes. :func:`build_report` then puts the report on the
+sweeps' parent runs (:mod:`results.publish.parents`).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +25,49 @@ import pandas as pd
 from results.publish import parents
 from results.publish.folder import REPORT, report_folder
 from results.render import formats, plots, tables
-from results.render.claims_md import FILE, write_claims
+from results.render.claims_md import write_claims
 from results.render.lr import write_lr_sensitivity
 from results.render.output import Output
 from results.render.ranking import ranking
-from results.render.report_md import refresh_report, render_report
+from results.render.report_md import render_report
 from results.render.routing import plot_routing
 from results.rows.aggregate import Results, aggregate
 from results.rows.curves import FILE as FILE_CURVES
-from results.rows.frame import ResultsError
-from results.rows.paper import load_paper_numbers
+from results.rows.frame import ResultsError, runs_table
+from results.rows.paper import PaperRow, load_paper_numbers
 from results.rows.routing import FILE as FILE_ROUTING
+from results.rows.spec import ReportSpec
 from results.runs import store
-from results.runs.committed import read_curves_csv, read_runs_csv
+from results.runs.committed import (
+    probe_report_files,
+    read_curves_csv,
+    read_histories_csv,
+    read_routing_csv,
+    read_runs_csv,
+)
 from results.runs.curves import read_curves
 from results.runs.routing import read_routing
-from results.runs.stages import read_confirmatory, read_design
+from results.runs.stages import STAGES, read_confirmatory, read_design, read_stages
 from results.verdicts.claims import Evaluation
 from results.verdicts.decide import decide
 from results.verdicts.over_training import claim_deltas, primary_claims
-from results.verdicts.sequential import LOG
 
 FIGURES = "figures"
+RUNS_CSV = "runs.csv"
+TRAIN_LOSS = "train_loss.csv"  # every logged step of every run's train/loss
+PROBE_REPORTS = "probe_reports"  # <run id>.json: the final probes.json of the run each row's figures draw
+
+
+@dataclass
+class RunData:
+    """Everything a report is made from, read from the store or from a report folder."""
+
+    frame: pd.DataFrame  # one line per run: collect_runs's columns (params: those that set rows apart)
+    curves: Any = None  # every validation step (curves.csv); None where the folder never kept it
+    routing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    train_loss: pd.DataFrame | None = None  # None where the folder never kept it
+    probe_files: dict[str, Path] = field(default_factory=dict)  # run id -> its probes.json
+    stages: Path | None = None  # the seeds=auto grid's stages.json, from its parent run
 
 
 def build_report(
@@ -52,28 +82,30 @@ def build_report(
     opening: Sequence[str] = (),
 ) -> Output:
     """Read the runs of ``experiments`` (all when empty) passing ``filter_string`` from the store and
-    write tables, figures and ``report.md`` into ``out_dir`` (written beside it and moved in place
-    whole, :mod:`results.publish.folder`); then (``publish_to_parents``) colour and tag the runs, write the
-    experiments' views, and put the report on the MLflow parent run of every sweep whose cells it
-    read (:mod:`results.publish.parents`). ``opening``: lines that ``report.md``, ``claims.md`` and the parent
+    write the report into ``out_dir`` (:func:`write_report`); then (``publish_to_parents``) colour and
+    tag the runs, write the experiments' views, and put the report on the MLflow parent run of every
+    sweep whose cells it read. ``opening``: lines that ``report.md``, ``claims.md`` and the parent
     runs' descriptions open with (the main job's regime, :mod:`results.commands.demo_regime`)."""
     out = Path(out_dir)
+    spec = ReportSpec(name, tuple(experiments), tracking_uri, filter_string, metric, tuple(opening))
     client = store.open_client(tracking_uri)
     frame = store.collect_runs(client, experiments, filter_string)
     where = ", ".join(experiments) or "the store"
     if frame.empty:
         raise ResultsError(f"no runs in {where}" + (f" match --filter {filter_string!r}" if filter_string else ""))
-    if not (frame["status"] == "FINISHED").any():  # nothing to average: no report, no empty folder
-        states = ", ".join(f"{n} {s.lower()}" for s, n in frame["status"].value_counts().items())
-        raise ResultsError(f"no finished run in {where} yet ({states}); a report needs one")
     paper = load_paper_numbers(paper_file)
-    prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
-    try:
-        results = aggregate(frame, metric, paper, prefer)
-    except ValueError as error:
-        raise ResultsError(str(error)) from None
-    with report_folder(out) as folder:
-        output = _write(client, folder, name, experiments, tracking_uri, filter_string, results, paper, out, opening)
+    results = _rows(frame, spec, paper, where)
+    finished = [run_id for row in results.rows for run_id in row.run_ids]
+    with tempfile.TemporaryDirectory() as downloads, report_folder(out) as folder:
+        data = RunData(
+            frame,
+            read_curves(client, results),
+            read_routing(client, results),
+            store.metric_histories(client, finished, "train/loss"),
+            _probe_files(client, results, Path(downloads)),
+            store.stages_file(client, results.runs, Path(downloads)),
+        )
+        output = write_report(folder, spec, data, results, paper, final=out)
     output = output.moved_to(out)
     known = store.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
@@ -85,69 +117,92 @@ def build_report(
     return output
 
 
-def _write(
-    client: Any,
-    out: Path,
-    name: str,
-    experiments: Sequence[str],
-    tracking_uri: str,
-    filter_string: str,
-    results: Results,
-    paper: Any,
-    final: Path | None = None,
-    opening: Sequence[str] = (),
+def rebuild_report(folder: str | Path, paper_file: str | Path | None = None) -> Output:
+    """Write the report in ``folder`` again, whole, from the data it keeps (no store): the same
+    :func:`write_report` that :func:`build_report` runs."""
+    folder = Path(folder)
+    spec = ReportSpec.read(folder)
+    frame = read_runs_csv(folder / RUNS_CSV)
+    paper = load_paper_numbers(paper_file)
+    results = _rows(frame, spec, paper, str(folder / RUNS_CSV))
+    data = RunData(
+        frame,
+        read_curves_csv(folder / FILE_CURVES),
+        read_routing_csv(folder / FILE_ROUTING),
+        read_histories_csv(folder / TRAIN_LOSS),
+        probe_report_files(folder / PROBE_REPORTS),
+    )
+    with report_folder(folder) as new:
+        output = write_report(new, spec, data, results, paper, final=folder)
+    return output.moved_to(folder)
+
+
+def _rows(frame: pd.DataFrame, spec: ReportSpec, paper: list[PaperRow], where: str) -> Results:
+    if not (frame["status"] == "FINISHED").any():  # nothing to average: no report, no empty folder
+        states = ", ".join(f"{n} {s.lower()}" for s, n in frame["status"].value_counts().items())
+        raise ResultsError(f"no finished run in {where} yet ({states}); a report needs one")
+    prefer = tuple(spec.experiments) + tuple(s for s in frame["sweep"].unique() if s)
+    try:
+        return aggregate(frame, spec.metric, paper, prefer)
+    except ValueError as error:
+        raise ResultsError(str(error)) from None
+
+
+def _probe_files(client: Any, results: Results, tmp: Path) -> dict[str, Path]:
+    run_dirs = dict(zip(results.runs["run_id"], results.runs["run_dir"].fillna("").astype(str), strict=True))
+    return store.probe_report_files(client, _rows_with_probes(results), run_dirs, tmp)
+
+
+def write_report(
+    out: Path, spec: ReportSpec, data: RunData, results: Results, paper: list[PaperRow], final: Path | None = None
 ) -> Output:
-    """Tables, ``claims.md``, figures and ``report.md`` of ``results`` in the folder ``out`` (which
-    becomes ``final``, where a ``seeds_auto.log`` names the design that chose the seeds)."""
-    output = Output(out, out / REPORT, results, opening=list(opening))
+    """The report of ``results`` in the folder ``out`` (which becomes ``final``, where a
+    ``seeds_auto.log`` names the design that chose the seeds and whose parent holds the
+    ``confirmatory.yaml``): its data first, then the claims decided once, tables, ``claims.md``,
+    figures and ``report.md``."""
     final = final or out
-    output.design, output.declared = read_design(final / LOG), read_confirmatory(final)
+    output = Output(out, out / REPORT, results, opening=list(spec.opening), folder_name=final.name)
+    output.design = read_stages(data.stages.parent) if data.stages is not None else read_design(final)
+    output.declared = read_confirmatory(final)
+    _write_data(output, spec, data, results)
+
+    decided = decide(results, None, output.design, output.declared, final.name, data.curves)
+    output.evaluations = decided.evaluations
     main = tables.main_table(results)
     output.tables += formats.write_table(main, out, "table")
     probes = tables.probe_table(results)
     if probes is not None:
         output.tables += formats.write_table(probes, out, "probes")
-    runs = results.runs.drop(columns=["params"])
-    output.runs_csv = out / "runs.csv"
-    runs.to_csv(output.runs_csv, index=False)
-    history = read_curves(client, results)
-    output.curves_csv = out / FILE_CURVES
-    history.to_csv(output.curves_csv, index=False)
-    decided = decide(results, None, output.design, output.declared, final.name, history)
-    output.evaluations = decided.evaluations
-    output.claims = write_claims(decided, results, out, name, experiments, history, "", final.name, opening)
-    steered = read_routing(client, results)
-    if not steered.empty:
-        output.routing_csv = out / FILE_ROUTING
-        steered.to_csv(output.routing_csv, index=False)
+    output.claims = write_claims(
+        decided, results, out, spec.name, spec.experiments, data.curves, "", final.name, spec.opening
+    )
 
     figures = out / FIGURES
-    finished = [run_id for row in results.rows for run_id in row.run_ids]
     output.figures["ranking"] = plots.plot_ranking(results, figures)
     if plots.shares_spread(results):
         output.figures["ppl_vs_params"] = plots.plot_ppl_vs_params(results, figures)
     output.figures["buffer_slots"] = plots.plot_buffer_slots(results, figures, paper)
-    histories = store.metric_histories(client, finished, "train/loss")
-    output.figures["train_loss"] = plots.plot_train_loss(results, histories, figures)
-    _plot_over_training(output, results, history, figures)
+    if data.train_loss is not None:
+        output.figures["train_loss"] = plots.plot_train_loss(results, data.train_loss, figures)
+    if data.curves is not None:
+        _plot_over_training(output, results, data.curves, figures)
     output.lr_section, lr_files = write_lr_sensitivity(results, out, figures)
     output.tables += [p for p in lr_files if p.suffix == ".csv"]
     if lr_files:
         output.figures["lr_sensitivity"] = [p for p in lr_files if p.suffix != ".csv"]
-    for key, paths in plot_routing(results, steered, figures).items():
+    for key, paths in plot_routing(results, data.routing, figures).items():
         output.figures[f"routing/{key}"] = paths
-    run_dirs = dict(zip(results.runs["run_id"], results.runs["run_dir"].fillna("").astype(str), strict=True))
-    reports = store.probe_reports(client, _rows_with_probes(results), run_dirs)
+    reports = _load_reports(data.probe_files)
     probe_figures = plots.plot_probes(results, reports, figures / "probes")
-    for block, paths in probe_figures.items():
-        for kind, files in paths.items():
+    for block, kinds in probe_figures.items():
+        for kind, files in kinds.items():
             output.figures[f"probes/{block}/{kind}"] = files
 
     text = render_report(
-        name=name,
-        experiments=experiments,
-        tracking_uri=tracking_uri,
-        filter_string=filter_string,
+        name=spec.name,
+        experiments=spec.experiments,
+        tracking_uri=spec.tracking_uri,
+        filter_string=spec.filter_string,
         results=results,
         main=main,
         probes=probes,
@@ -157,6 +212,37 @@ def _write(
     )
     output.report.write_text(text)
     return output
+
+
+def _write_data(output: Output, spec: ReportSpec, data: RunData, results: Results) -> None:
+    """What the report is made from, beside it: rebuilt from these alone (:func:`rebuild_report`)."""
+    out = output.out_dir
+    spec.write(out)
+    output.runs_csv = out / RUNS_CSV
+    runs_table(results.runs).to_csv(output.runs_csv, index=False)
+    if data.curves is not None:
+        output.curves_csv = out / FILE_CURVES
+        data.curves.to_csv(output.curves_csv, index=False)
+    if not data.routing.empty:
+        output.routing_csv = out / FILE_ROUTING
+        data.routing.to_csv(output.routing_csv, index=False)
+    if data.train_loss is not None:
+        data.train_loss.to_csv(out / TRAIN_LOSS, index=False)
+    if output.design is not None and output.design.log.name == STAGES:
+        shutil.copyfile(output.design.log, out / STAGES)
+        output.design = replace(output.design, log=out / STAGES)
+    if data.probe_files:
+        (out / PROBE_REPORTS).mkdir(exist_ok=True)
+        for run_id, path in data.probe_files.items():
+            target = out / PROBE_REPORTS / f"{run_id}.json"
+            if path.resolve() != target.resolve():
+                shutil.copyfile(path, target)
+
+
+def _load_reports(files: Mapping[str, Path]) -> dict[str, Any]:
+    from experiments.probing.files import load_report
+
+    return {run_id: load_report(path) for run_id, path in files.items()}
 
 
 def _plot_over_training(output: Output, results: Results, history: pd.DataFrame, figures: Path) -> None:
@@ -176,43 +262,29 @@ def _rows_with_probes(results: Results) -> list[list[str]]:
     return [row.run_ids for row in results.rows if any(m.startswith("probe/") for m in row.stats)]
 
 
-def _previous_header(out: Path) -> tuple[str, list[str]]:
-    """(name, experiments) from the title and header of the claims.md already in ``out``."""
-    path = out / FILE
-    if not path.exists():
-        return out.name, []
-    text = path.read_text()
-    title = re.search(r"^# The paper's claims, tested on these runs: (.+)$", text, re.M)
-    listed = re.search(r" from experiments ((?:`[^`]+`(?:, )?)+)", text)
-    name = title.group(1).replace("\\_", "_").strip() if title else out.name
-    return name, re.findall(r"`([^`]+)`", listed.group(1)) if listed else []
-
-
 def rebuild_claims(
     csv: str | Path, out_dir: str | Path, metric: str = "val_loss", name: str = "", experiments: Sequence[str] = ()
 ) -> tuple[Path, list[Evaluation], Results]:
-    """Read ``csv``, aggregate as ``mesh-results`` does, and (re)write ``claims.md`` in ``out_dir``
-    (its name and experiments kept from the claims.md there, unless given)."""
+    """``mesh-results --from-csv``: the report in ``out_dir`` rebuilt whole from the ``runs.csv`` there
+    (:func:`rebuild_report`); a folder without ``report.json`` gets one from ``name``, ``experiments``
+    and ``metric`` first. Returns ``claims.md``, the evaluations and the rows."""
     out = Path(out_dir)
-    frame = read_runs_csv(csv)
-    if not (frame["status"] == "FINISHED").any():
-        raise ResultsError(f"--from-csv {csv}: no FINISHED run; a report needs one")
-    previous_name, previous_experiments = _previous_header(out)
-    experiments = list(experiments) or previous_experiments or sorted(frame["experiment"].unique())
-    prefer = tuple(experiments) + tuple(s for s in frame["sweep"].unique() if s)
-    try:
-        results = aggregate(frame, metric, load_paper_numbers(None), prefer)
-    except ValueError as error:
-        raise ResultsError(str(error)) from None
+    csv = Path(csv)
+    if not csv.is_file():
+        raise ResultsError(f"--from-csv {csv}: no such file; give the runs.csv a report wrote")
     out.mkdir(parents=True, exist_ok=True)
-    history = read_curves_csv(Path(csv).parent / FILE_CURVES)
-    design, declared = read_design(out / LOG), read_confirmatory(out)
-    decided = decide(results, None, design, declared, out.name, history)
-    evaluations = decided.evaluations
-    path = write_claims(decided, results, out, name or previous_name, experiments, history, Path(csv).name, out.name)
-    output = Output(out, out / REPORT, results, claims=path, evaluations=evaluations, design=design, declared=declared)
-    refresh_report(output, results)
-    return path, evaluations, results
+    if csv.resolve() != (out / RUNS_CSV).resolve():
+        shutil.copyfile(csv, out / RUNS_CSV)
+    for kept in (FILE_CURVES, FILE_ROUTING, TRAIN_LOSS):
+        if (csv.parent / kept).is_file() and csv.parent.resolve() != out.resolve():
+            shutil.copyfile(csv.parent / kept, out / kept)
+    if name or experiments or not (out / "report.json").is_file():
+        frame = read_runs_csv(out / RUNS_CSV)
+        listed = tuple(experiments) or tuple(sorted(frame["experiment"].unique()))
+        ReportSpec(name or out.name, listed, "", "", metric).write(out)
+    output = rebuild_report(out)
+    assert output.claims is not None
+    return output.claims, output.evaluations, output.results
 
 
-__all__ = ["Output", "build_report", "rebuild_claims"]
+__all__ = ["Output", "RunData", "build_report", "rebuild_claims", "rebuild_report", "write_report"]

@@ -354,6 +354,16 @@ def test_probe_values_mlflow_lacks_are_read_from_the_runs_final_probe_table(tmp_
         and frame.loc["broken", "probe/update/core_balance"] == 0.25
     )
     assert math.isnan(frame.loc["unprobed", "probe/update/core1/mean"])
+    # what could not be read is recorded on its run and listed by the report, not left a silent default
+    assert frame.loc["broken", "read_error"].startswith("probes/final/probes.csv: ")
+    assert (frame.drop(index="broken")["read_error"].fillna("") == "").all()
+    from results.pipeline import build_report
+
+    out = build_report(
+        "probe-tables", ["probe-tables"], client.tracking_uri, tmp_path / "report", publish_to_parents=False
+    )
+    said = [line for line in out.report.read_text().splitlines() if line.startswith("* **Not read back**")]
+    assert len(said) == 1 and "`broken`" in said[0] and "probes/final/probes.csv: " in said[0]
 
 
 def test_report_links_and_summarises_the_claims(synthetic):
@@ -942,3 +952,13 @@ def test_the_routing_figure_draws_each_moe_row_in_its_schemes_colour_in_the_orde
     assert list(lines["mesh 1+2R2+1"].get_ydata()) == pytest.approx([looped.index(c) + 0.1 for c in order])
     (bar,) = jaccard.patches
     assert to_hex(bar.get_facecolor()) == scheme_color("mesh") and bar.get_height() == pytest.approx(0.4)
+
+
+def test_a_report_from_the_store_is_rebuilt_from_its_folder_byte_for_byte(synthetic):
+    """mesh-results writes the data beside the report (runs.csv with the params it reads, curves,
+    train loss, report.json); rebuilding the folder from them alone (make reports) gives every file
+    back with the same bytes: one pipeline, written whole, nothing patched."""
+    from results.commands.reports import check_folder
+
+    assert {"report.json", "runs.csv", "train_loss.csv"} <= {p.name for p in synthetic.iterdir()}
+    assert check_folder(synthetic) == []

@@ -104,6 +104,13 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
     assert [s["stage"] for s in document["stages"]] == [1, 2] and document["design"]["max"] == 4
     (last,) = document["stages"][-1]["verdicts"]
     assert last["n"] == 4 and last["verdict"] in ("holds", "contradicted", "inconclusive")
+    assert document["claims"] == [last["claim"]]  # the family the design decided, for the report to read
+    from results.pipeline import build_report
+
+    # the report reads the design from that structured record (kept beside it), not from a console log
+    report = build_report("auto", [], client.tracking_uri, tmp_path / "report", publish_to_parents=False)
+    assert report.design is not None and report.design.log == tmp_path / "report" / "stages.json"
+    assert json.loads((tmp_path / "report" / "stages.json").read_text()) == document
     assert "seeds_auto.stage2" in client.get_run(first.info.run_id).data.tags
 
     # The same command again, as a user re-runs it (a new process): everything finished, same verdict.

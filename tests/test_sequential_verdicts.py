@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from results.pipeline import rebuild_claims
-from results.runs.stages import read_confirmatory, read_design
+from results.runs.stages import read_confirmatory, read_design_log
 from results.stats.sequential import Design
 from results.verdicts.sequential import FUTILITY_STOP
 
@@ -22,11 +22,11 @@ SCHEMES = ONE_PASS / "schemes"
 
 
 def test_the_design_is_read_from_the_grids_log():
-    record = read_design(SCHEMES / "seeds_auto.log")
+    record = read_design_log(SCHEMES / "seeds_auto.log")
     assert record.auto.stage == 3 and record.auto.max == 12 and record.auto.alpha == 0.05 and record.auto.futility
     assert record.claims == ("mesh_below_base", "mesh_below_anchor", "mesh_below_anchor_emb", "base_worse_than_vanilla")
     assert record.design.looks == [3, 6, 9, 12] and record.design.share == 0.0125
-    assert read_design(SCHEMES / "no such log") is None
+    assert read_design_log(SCHEMES / "no such log") is None
 
 
 def _log_diffs(a: str, b: str) -> np.ndarray:
@@ -71,8 +71,8 @@ def test_the_primary_verdicts_are_the_designs_decisions_with_their_rci(rebuilt):
     assert "paired t (n=6 common of 9+6)" in text  # the anchor arms stopped at 6: their 6 pairs kept
     assert "paper's effect ruled out (one-sided 98.75% bound -0.0141 vs paper -0.036)" in text
     report = (folder / "report.md").read_text()
-    assert "### The sequential design" in report and "[`seeds_auto.log`](seeds_auto.log)" in report
-    assert "holds at stage 3 (n=9), RCI [" in report and "refreshed from runs.csv" in report
+    assert "### The sequential design" in report and "[`stages.json`](stages.json)" in report
+    assert "holds at stage 3 (n=9), RCI [" in report and "refreshed" not in report  # written whole, not patched
     assert "this report is the confirmatory test of" in report
 
 

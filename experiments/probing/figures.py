@@ -94,9 +94,14 @@ def save_figure(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:
     the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    import matplotlib
+
     paths = [out / f"{stem}.{fmt}" for fmt in FORMATS]
-    for path in paths:
-        fig.savefig(path, dpi=150)
+    # The same figure gives the same bytes (a report rebuilt from its data equals the one committed):
+    # no date in the metadata, SVG ids from a fixed salt instead of a random one.
+    with matplotlib.rc_context({"svg.hashsalt": stem}):
+        for path in paths:
+            fig.savefig(path, dpi=150, metadata={"Date": None} if path.suffix != ".png" else None)
     fig.clear()
     return paths
 

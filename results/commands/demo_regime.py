@@ -93,9 +93,12 @@ class LaterTraining:
         counts = sorted(set(self.seeds.values()))
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         early = (
-            self.mesh_first_until is not None and tokens_here is not None and tokens_here <= self.mesh_above_base_until
+            self.mesh_first_until is not None
+            and self.mesh_above_base_until is not None
+            and tokens_here is not None
+            and tokens_here <= self.mesh_above_base_until
         )
-        here = f"These {_tokens(tokens_here)} tokens per run are the early phase" if early else "Early in training"
+        here = f"These {_tokens(tokens_here or 0)} tokens per run are the early phase" if early else "Early in training"
         led = "MeSH never had the lowest mean PPL"
         if self.mesh_first_until is not None:
             led = f"MeSH had the lowest mean PPL of all schemes until {_tokens(self.mesh_first_until)} tokens"

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import pandas as pd
 
@@ -39,6 +39,7 @@ from results.verdicts.schema import load_claims
 from results.verdicts.sequential import Verdict, paired_diffs, verdict_at
 from sweeps.cells import Cell
 from sweeps.grid import AutoSeeds, grid_cells, grid_key, read_request, split_auto_seeds, sweep_dir_for
+from sweeps.launch.config import LaunchConfig
 from sweeps.packing import usable_cores
 from sweeps.parent import ParentRun
 from sweeps.sweep import run_sweep
@@ -50,7 +51,7 @@ def arm_of(cell: Cell) -> Arm:
     return tuple(o for o in cell.overrides if not o.startswith("seed="))
 
 
-def grid_arms(name: str, rest: Sequence[str]) -> tuple[list[Cell], list[RunPlan], object]:
+def grid_arms(name: str, rest: Sequence[str]) -> tuple[list[Cell], list[RunPlan], LaunchConfig]:
     """The arms (cells at seed 0) and their plans; every cell checked before compute."""
     launch, cell_overrides, _ = read_request(name, [*rest, "seeds=[0]"])
     cells, plans = grid_cells(name, cell_overrides, launch)
@@ -166,8 +167,11 @@ def run_auto(
         seeds = list(range(first + (design.looks[k - 1] if k else 0), first + size))
         print(f"\nstage {k + 1}: seeds {seeds[0]}..{seeds[-1]} on {len(needed)} arm(s)", file=out)
         chosen = set(needed)
-        code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command,
-                         only=lambda cell, chosen=chosen: arm_of(cell) in chosen)  # fmt: skip
+
+        def in_stage(cell: Cell, chosen: set[Arm] = chosen) -> bool:
+            return arm_of(cell) in chosen
+
+        code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command, only=in_stage)
         status = status or code
         stage_hashes = [
             with_seed(p, s).config_hash for a, p in zip(arms, arm_plans, strict=True) if a in chosen for s in seeds
@@ -189,7 +193,7 @@ def run_auto(
                 "this stage's finished runs (mesh-results' claims.md says why for each)"
             )
             stages.append({"stage": k + 1, "seeds": seeds, "arms": len(chosen), "verdicts": [], "spent_h": spent_h})
-            _record(name, rest, auto, arm_plans, stages, stop)
+            _record(name, rest, auto, arm_plans, stages, stop, primary)
             print(f"seeds=auto stops: {stop}", file=out)
             return status or 1
         measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
@@ -206,7 +210,7 @@ def run_auto(
                   "spent_h": spent_h}  # fmt: skip
         stages.append(record)
         stop = _stop_reason(needed, k, design, auto, seconds, spent_h, launch, out)
-        _record(name, rest, auto, arm_plans, stages, stop)
+        _record(name, rest, auto, arm_plans, stages, stop, primary)
         if stop:
             print(f"seeds=auto stops: {stop}", file=out)
             return status
@@ -218,7 +222,7 @@ def _arms_by_run(frame: pd.DataFrame, hashes: dict[str, tuple[Arm, int]]):
     by_run = {r: hashes.get(h, ((), 0))[0] for r, h in zip(frame["run_id"], frame["config_hash"], strict=True)}
 
     def arms(evaluation: Evaluation) -> list[Arm]:
-        rows = [evaluation.row, evaluation.lines[0].other]
+        rows = [row for row in (evaluation.row, evaluation.lines[0].other) if row is not None]
         return sorted({by_run[r] for row in rows for r in row.run_ids if by_run.get(r)})
 
     return arms
@@ -272,15 +276,25 @@ def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, o
     return ""
 
 
-def _record(name: str, rest: Sequence[str], auto: AutoSeeds, plans: Sequence[RunPlan], stages, stop: str) -> None:
-    """The stages on the parent run of stage 1 (the whole grid at seeds 0..stage-1)."""
+def _record(
+    name: str,
+    rest: Sequence[str],
+    auto: AutoSeeds,
+    plans: Sequence[RunPlan],
+    stages: list[dict[str, Any]],
+    stop: str,
+    claims: Sequence[str],
+) -> None:
+    """The stages on the parent run of stage 1 (the whole grid at seeds 0..stage-1): ``stages.json``,
+    the structured record the report reads the design from (its settings and the primary claims it
+    decided, so that the family size is the one the design used)."""
     launch, cell_overrides, _ = read_request(name, [*rest, _seeds_argument(range(auto.first, auto.first + auto.stage))])
     _, first = grid_cells(name, cell_overrides, launch)
     found = ParentRun.find(plans[0].tracking_uri, sweep_dir_for(first[0], grid_key(name, first)))
     if found is None:
         return
     parent, _ = found
-    document = {"design": asdict(auto), "stages": stages, "stopped": stop}
+    document = {"design": asdict(auto), "claims": list(claims), "stages": stages, "stopped": stop}
     parent.client.log_dict(parent.run_id, document, "stages.json")
     last = stages[-1]
     summary = ", ".join(f"{v['claim']} {v['verdict']}" for v in last["verdicts"])
@@ -342,7 +356,9 @@ def plan_claim(claim_id: str, effect: float, diffs: Sequence[float], design: Des
 def power_lines(claims: ClaimSet, ids: Sequence[str], measured: dict[str, list[float]], design: Design) -> list[str]:
     """For each claim of ``ids`` with a paper effect: its power at the cap, and a warning below 50%."""
     lines = []
-    for claim in (c for c in claims.claims if c.id in ids and c.paper_effect):
+    for claim in claims.claims:
+        if claim.id not in ids or not claim.paper_effect:
+            continue
         plan = plan_claim(claim.id, claim.paper_effect, measured.get(claim.id, []), design)
         needed = f"{plan.needed} seeds per arm for 80% at fixed n" if plan.needed else "no n reaches 80%"
         lines.append(

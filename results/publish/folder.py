@@ -5,7 +5,7 @@
 written, it takes the folder's place: by renaming it there when there is none, else by swapping
 the two (the old one is renamed aside, then deleted). A folder that holds files a report does not
 write (:data:`REPORT_ENTRIES`) is not swapped away: the new entries replace their namesakes one by
-one, ``report.md`` last. A ``.partial`` folder left by a killed process is removed by the next run
+one, ``report.md`` last, and the entries of an earlier report that this one does not write are removed. A ``.partial`` folder left by a killed process is removed by the next run
 once that process is gone.
 """
 
@@ -24,9 +24,14 @@ REPORT_ENTRIES = frozenset(
         REPORT,
         *(f"{stem}.{ext}" for stem in ("table", "probes") for ext in ("md", "tex", "csv")),
         "claims.md",
+        "report.json",
+        "stages.json",
         "runs.csv",
         "curves.csv",
+        "routing.csv",
+        "train_loss.csv",
         "lr.csv",
+        "probe_reports",
         "figures",
     }
 )
@@ -58,6 +63,10 @@ def _put_in_place(partial: Path, out: Path) -> None:
         os.rename(partial, out)
         shutil.rmtree(old, ignore_errors=True)
         return
+    written = {entry.name for entry in partial.iterdir()}
+    for stale in out.iterdir():  # what an earlier report wrote and this one does not: gone with it
+        if stale.name in REPORT_ENTRIES and stale.name not in written and stale.name != REPORT:
+            shutil.rmtree(stale) if stale.is_dir() and not stale.is_symlink() else stale.unlink()
     for entry in sorted(partial.iterdir(), key=lambda e: e.name == REPORT):  # report.md last
         target = out / entry.name
         if target.is_dir() and not target.is_symlink():

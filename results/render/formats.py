@@ -119,6 +119,18 @@ def write_table(table: Table, out_dir: str | Path, stem: str) -> list[Path]:
     return paths
 
 
+def runs_ended(runs: pd.DataFrame) -> str:
+    """When the last finished run of ``runs`` ended (``2026-12-04 23:37``): what a report is dated by,
+    so that the same runs give the same report whenever it is written."""
+    finished = runs[runs["status"] == "FINISHED"] if "status" in runs else runs
+    if "end_time" not in finished:
+        return "runs (end time not logged)"
+    ends = pd.to_datetime(finished["end_time"], errors="coerce").dropna()
+    return (
+        "runs whose last ended " + ends.max().strftime("%Y-%m-%d %H:%M") if len(ends) else "runs (end time not logged)"
+    )
+
+
 def quote_lines(lines: Sequence[str]) -> list[str]:
     """``lines`` as one Markdown quote (each escaped, a ``>`` line between), after a blank line;
     nothing when there are none."""

@@ -33,6 +33,7 @@ class Output:
     lr_section: list[str] = field(default_factory=list)  # each variant's best LR, where LRs vary
     opening: list[str] = field(default_factory=list)  # what report.md, claims.md and the parents open with
     design: DesignRecord | None = None  # the seeds=auto design whose decisions are the primary verdicts
+    folder_name: str = ""  # the report folder's own name (out_dir is written beside it, then moved)
     declared: dict | None = None  # the reproduction's confirmatory family (confirmatory.yaml), if any
 
     def moved_to(self, out_dir: Path) -> Output:
@@ -51,6 +52,12 @@ class Output:
             curves_csv=self.curves_csv and move(self.curves_csv),
             routing_csv=self.routing_csv and move(self.routing_csv),
             claims=self.claims and move(self.claims),
+            design=self.design
+            and (
+                replace(self.design, log=move(self.design.log))
+                if self.design.log.is_relative_to(self.out_dir)
+                else self.design
+            ),
         )
 
 

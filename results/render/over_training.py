@@ -87,6 +87,7 @@ def over_training_lines(results: Results, trajectories: Sequence[Trajectory]) ->
         return [*lines, "No validation step common to the runs, or no tested comparison: nothing to follow."]
     for t in trajectories:
         e = t.evaluation
+        assert e.row is not None  # kept above: only evaluations of a claimed row
         rows = f"`{e.row.label}` vs " + ", ".join(f"`{x.other.label}`" for x in e.lines)
         where = ", ".join(p for p in (f"`{e.claim.id}`", markdown_escape(e.block), f"`{e.metric}`", rows) if p)
         lines.append(f"* {where}: {trajectory_text(t)}{fragile_mark(e)}")

@@ -138,7 +138,7 @@ def plot_buffer_slots(
     for row in results.rows:
         if row.scheme == "mesh" and _slots(row) is not None and metric in row.stats:
             series.setdefault((row.preset, row.layout, row.overrides), []).append(row)
-    series = {k: sorted(v, key=_slots) for k, v in series.items() if len({_slots(r) for r in v}) >= 2}
+    series = {k: sorted(v, key=lambda r: _slots(r) or 0) for k, v in series.items() if len({_slots(r) for r in v}) >= 2}
     if not series:
         return []
     fig, (ax,) = figure(5.5, 4.0)

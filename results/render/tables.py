@@ -85,7 +85,7 @@ def _compare_cells(row: Row, reference: Row | None, metric: str, record: dict[st
 
 
 def _mark(cells: list[list[Cell]], column: int, higher_is_better: bool) -> None:
-    ranked = sorted({c[column].value for c in cells if c[column].value is not None}, reverse=higher_is_better)
+    ranked = sorted({v for c in cells if (v := c[column].value) is not None}, reverse=higher_is_better)
     if len(ranked) < 2:
         return
     for row in cells:

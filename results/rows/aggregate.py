@@ -193,7 +193,8 @@ class Block:
         """The row of ``scheme`` that ``row`` is compared with: same overrides if there is one."""
         candidates = [r for r in self.rows if r.scheme == scheme and (not same_layout or r.layout == row.layout)]
         same = [r for r in candidates if r.comparable(row)]
-        return (same or candidates or [None])[0]
+        found = same or candidates
+        return found[0] if found else None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,18 @@ NONFINITE_TAG = "nonfinite"
 NONFINITE = "NONFINITE"
 
 
-RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "start_time", "end_time", *TAG_COLUMNS, "params")
+READ_ERROR = "read_error"  # what of a run could not be read back (its probe table...): listed by the report
+RUN_COLUMNS = (
+    "run_id",
+    "run_name",
+    "experiment",
+    "status",
+    "start_time",
+    "end_time",
+    *TAG_COLUMNS,
+    READ_ERROR,
+    "params",
+)
 
 
 AXIS_PARAMS = ("model", "scheme", "layout", "buffer_slots")  # shown in their own columns
@@ -76,7 +87,7 @@ def add_main_set(frame: pd.DataFrame) -> pd.DataFrame:
             main = close[0] if close else (sets[0] if len(sets) == 1 else "")
         mains.append(main)
         ppl = run.get(f"val/{main}/ppl") if main else None
-        ppls.append(float(ppl) if _finite(ppl) else math.nan)
+        ppls.append(float(ppl) if ppl is not None and _finite(ppl) else math.nan)
     frame["main_set"] = mains
     frame["val_ppl"] = ppls
     return frame
@@ -84,6 +95,24 @@ def add_main_set(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+# The params a report reads beyond those that set rows apart (the steps and corpus of "What was run",
+# the LR of the LR sensitivity): kept in runs.csv as ``param:<key>`` columns, so that a report rebuilt
+# from its folder reads what the store gave.
+KEPT_PARAMS = ("max_steps", "data.corpus", "peak_lr")
+PARAM_COLUMN = "param:"
+
+
+def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """``runs.csv``: ``frame`` without its params dicts, with a ``param:<key>`` column per
+    :data:`KEPT_PARAMS` (empty where a run did not log it)."""
+    table = frame.drop(columns=["params"])
+    for key in KEPT_PARAMS:
+        table[PARAM_COLUMN + key] = [
+            p.get(key, "") if isinstance(p, dict) else "" for p in frame.get("params", [None] * len(frame))
+        ]
+    return table
 
 
 def grouping_params(frame: pd.DataFrame) -> list[str]:

@@ -1,14 +1,13 @@
-"""Rebuild ``claims.md`` from a committed ``runs.csv`` when the MLflow store is not at hand (with its
-"Over training" section from the ``curves.csv`` beside it, the sequential design's decisions from
-the ``seeds_auto.log`` in the folder), and refresh the ranking, the claims and the design in the
-``report.md`` there (its tables and figures stay as they were).
+"""A report folder's data read back: ``runs.csv`` (every run's tags, final metrics and the overrides
+that set rows apart), ``curves.csv``, ``routing.csv``, ``train_loss.csv``, the probe reports under
+``probe_reports/`` and ``report.json``: everything :func:`results.pipeline.rebuild_report` needs to
+write the report again, whole, without the MLflow store.
 
-``runs.csv`` (written by every report) holds each run's tags and final metrics but not its params;
-:func:`read_runs_csv` reads it back into the frame :func:`results.runs.store.collect_runs` gives
-(tags as strings, times as timestamps, metrics as floats, ``params`` an empty dict per run), so
-:func:`results.rows.aggregate.aggregate` groups it as it would the store's runs. Rows that differed only
-by a param override (not a tag) cannot be told apart without the params, so a runs.csv whose
-``overrides`` column is set is refused (one line) rather than grouped wrongly.
+:func:`read_runs_csv` reads ``runs.csv`` into the frame :func:`results.runs.store.collect_runs`
+gives (tags as strings, times as timestamps, metrics as floats). Its ``params`` are the ones that
+set rows apart, rebuilt from the ``overrides`` column (``key=value`` of each, as
+:func:`results.rows.frame.overrides_label` wrote it; a key a run did not set is ``""``, unset), so
+:func:`results.rows.aggregate.aggregate` groups the runs into the rows the store's params gave.
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from results.rows.frame import RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
+from results.rows.frame import PARAM_COLUMN, READ_ERROR, RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
 
-TEXT_COLUMNS = ("run_id", "run_name", "experiment", "status", *TAG_COLUMNS)
+TEXT_COLUMNS = ("run_id", "run_name", "experiment", "status", *TAG_COLUMNS, READ_ERROR)
 
 
 DERIVED = ("main_set", "val_ppl", "row", "duplicate_of")  # aggregate() and add_main_set() recompute them
@@ -30,28 +29,56 @@ def read_runs_csv(path: str | Path) -> pd.DataFrame:
     """The frame of ``collect_runs`` from a report's ``runs.csv``."""
     path = Path(path)
     try:
-        frame = pd.read_csv(path, dtype={c: str for c in (*TEXT_COLUMNS, "overrides")}, keep_default_na=False)
+        header = pd.read_csv(path, nrows=0).columns
+        text = (*TEXT_COLUMNS, "overrides", *(c for c in header if c.startswith(PARAM_COLUMN)))
+        frame = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ResultsError(f"--from-csv {path}: cannot be read: {str(error).splitlines()[0]}") from None
+    if READ_ERROR not in frame:  # a runs.csv of before the column: nothing was recorded as unread
+        frame = frame.assign(**{READ_ERROR: ""})
     missing = [c for c in RUN_COLUMNS if c != "params" and c not in frame]
     if missing:
         raise ResultsError(f"--from-csv {path}: no column {missing[0]!r}; give a runs.csv written by mesh-results")
     for column in frame.columns:
         if column in ("start_time", "end_time"):
             frame[column] = pd.to_datetime(frame[column].replace("", None), errors="coerce")
-        elif column not in (*TEXT_COLUMNS, "overrides"):
+        elif column not in text:
             frame[column] = pd.to_numeric(frame[column].replace("", None), errors="coerce")
     frame["buffer_slots"] = [_integer_text(v) for v in frame["buffer_slots"]]
     frame["seed"] = [_integer_text(v) for v in frame["seed"]]
-    overrides = sorted({o for o in frame.pop("overrides") if o}) if "overrides" in frame else []
-    if overrides:
-        raise ResultsError(
-            f"--from-csv {path}: rows differ by param overrides ({overrides[0]!r}), which runs.csv does not "
-            "keep; rebuild from the MLflow store (mesh-results NAME)"
-        )
+    labels = list(frame.pop("overrides")) if "overrides" in frame else [""] * len(frame)
+    kept = {
+        c.removeprefix(PARAM_COLUMN): [str(v) for v in frame.pop(c)] for c in list(frame) if c.startswith(PARAM_COLUMN)
+    }
     frame = frame.drop(columns=[c for c in DERIVED if c in frame]).copy()
-    frame["params"] = [{} for _ in range(len(frame))]
+    params = params_from_overrides(labels)
+    for key, values in kept.items():  # the params the report reads besides (KEPT_PARAMS); "" not logged
+        for p, value in zip(params, values, strict=True):
+            if value != "":
+                p.setdefault(key, value)
+    frame["params"] = params
     return add_main_set(frame)
+
+
+_KEY = re.compile(r"(?:^| )([A-Za-z_+][\w.+-]*)=")
+
+
+def parse_overrides(label: str) -> dict[str, str]:
+    """``optim.lr=0.004 model_overrides.mesh_router_z_coef=0.001`` -> ``{key: value}`` (a value may
+    hold spaces: it runs to the next `` key=``)."""
+    starts = list(_KEY.finditer(label))
+    return {
+        m.group(1): label[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(label)].strip()
+        for i, m in enumerate(starts)
+    }
+
+
+def params_from_overrides(labels: list[str]) -> list[dict[str, str]]:
+    """Each run's params that set rows apart, from its overrides label: every key any run's label
+    names is given to every run (``""`` where its label does not name it: unset, as in the store)."""
+    parsed = [parse_overrides(label or "") for label in labels]
+    keys = sorted(set().union(*parsed)) if parsed else []
+    return [{k: p.get(k, "") for k in keys} for p in parsed]
 
 
 def _integer_text(value: str) -> str:
@@ -66,3 +93,26 @@ def read_curves_csv(path: Path) -> pd.DataFrame | None:
     frame = pd.read_csv(path, dtype={"run_id": str, "row": str, "scheme": str, "seed": str, "block": str})
     frame["seed"] = [_integer_text(v) for v in frame["seed"]]
     return frame
+
+
+def read_routing_csv(path: Path) -> pd.DataFrame:
+    """A report's ``routing.csv`` (the routing curves of its looped rows); empty when there is none."""
+    from results.rows.routing import COLUMNS
+
+    if not path.is_file():
+        return pd.DataFrame(columns=list(COLUMNS))
+    frame = pd.read_csv(path, dtype={"run_id": str, "row": str, "scheme": str, "seed": str})
+    frame["seed"] = [_integer_text(v) for v in frame["seed"]]
+    return frame
+
+
+def read_histories_csv(path: Path) -> pd.DataFrame | None:
+    """A report's ``train_loss.csv`` (run_id, step, value), or None when the folder does not keep it."""
+    if not path.is_file():
+        return None
+    return pd.read_csv(path, dtype={"run_id": str})
+
+
+def probe_report_files(folder: Path) -> dict[str, Path]:
+    """run id -> its final ``probes.json`` kept under ``probe_reports/`` (none when not kept)."""
+    return {p.stem: p for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}

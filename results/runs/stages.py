@@ -9,29 +9,58 @@ where it stopped (*holds* / *contradicted* / *stopped for futility* / *undecided
 the stage, n and the repeated confidence interval; the fixed-n verdict stays beside it as a labelled
 secondary view (``Evaluation.fixed_verdict``).
 
-The design is read from the grid's ``seeds_auto.log`` (the ``mesh-sweep ... seeds=auto`` output
-run.sh keeps beside the report): the command line gives ``seeds.*`` (stage, cap, alpha, spending,
-futility), the header line the primary claims it decided (so the family size m is the one the
-design used). :func:`read_confirmatory` reads ``confirmatory.yaml`` from the reproduction's folder:
+The design is read from the structured record the grid logs on its parent run, ``stages.json``
+(``{"design": seeds.*, "claims": the primary claims it decided, "stages": each stage's seeds and
+decisions, "stopped": why}``: :mod:`results.commands.seeds_auto`), kept beside the report;
+:func:`read_design_log` reads the design of a grid run before that record named its claims from the
+``mesh-sweep ... seeds=auto`` output instead (``seeds_auto.log``), once, to write its ``stages.json``. :func:`read_confirmatory` reads ``confirmatory.yaml`` from the reproduction's folder:
 which report is the confirmatory test of which claims; every other report shows them as
 replications.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
 
 import yaml
 
-from results.verdicts.sequential import DesignRecord
+from results.rows.frame import ResultsError
+from results.verdicts.sequential import LOG, DesignRecord
 from sweeps.grid import AutoSeeds, split_auto_seeds
 
 CONFIRMATORY = "confirmatory.yaml"
 
 
-def read_design(path: str | Path) -> DesignRecord | None:
+STAGES = "stages.json"
+
+
+def read_stages(folder: str | Path) -> DesignRecord | None:
+    """The design recorded in ``folder``'s ``stages.json`` (None when there is none)."""
+    path = Path(folder) / STAGES
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text())
+        design = {k: v for k, v in document["design"].items() if k in AutoSeeds.__dataclass_fields__}
+        claims = document.get("claims") or sorted(
+            {v["claim"] for stage in document.get("stages", []) for v in stage.get("verdicts", [])}
+        )
+        return DesignRecord(AutoSeeds(**design), tuple(claims), path)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ResultsError(f"{path}: not a seeds=auto stages record ({type(error).__name__}: {error})") from None
+
+
+def read_design(folder: str | Path) -> DesignRecord | None:
+    """The design that chose the seeds of the report in ``folder``: its ``stages.json``; else, for a
+    grid of before that record, the ``seeds_auto.log`` beside it (:func:`read_design_log`)."""
+    folder = Path(folder)
+    return read_stages(folder) or read_design_log(folder / LOG)
+
+
+def read_design_log(path: str | Path) -> DesignRecord | None:
     """The design of the ``mesh-sweep ... seeds=auto`` run whose output is ``path`` (None when the
     file does not exist or holds no seeds=auto command)."""
     path = Path(path)

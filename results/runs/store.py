@@ -22,7 +22,15 @@ import pandas as pd
 
 from experiments.store.check import check_tracking_uri
 from experiments.store.sqlite import resolve_tracking_uri, sqlite_path, store_damage
-from results.rows.frame import NONFINITE, NONFINITE_TAG, RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
+from results.rows.frame import (
+    NONFINITE,
+    NONFINITE_TAG,
+    READ_ERROR,
+    RUN_COLUMNS,
+    TAG_COLUMNS,
+    ResultsError,
+    add_main_set,
+)
 
 FINAL_PROBES = "probes/final"  # a run's final probe files, under its run dir and as artifacts
 
@@ -130,17 +138,21 @@ def _run_record(run: Any, experiment_names: dict[str, str]) -> dict[str, Any]:
     return {**record, **run.data.metrics}
 
 
-def _probe_values_not_logged(client: Any, run: Any, folder: Path) -> dict[str, float]:
+def _probe_values_not_logged(client: Any, run: Any, folder: Path) -> dict[str, Any]:
     """The ``probe/*`` values of a probed run (one that logged any) that MLflow does not hold, from
     its final probe table; none for a run that logged every one (one with a value beyond
-    :data:`~experiments.probing.files.SUMMARY_METRICS`: probed before the table) or none at all."""
+    :data:`~experiments.probing.files.SUMMARY_METRICS`: probed before the table) or none at all. A
+    table that cannot be read is said in the run's ``read_error`` (the report lists it), not skipped."""
     from experiments.probing.files import SUMMARY_METRICS
 
     logged = run.data.metrics
     probed = [key for key in logged if key.startswith("probe/")]
     if not probed or not set(probed) <= set(SUMMARY_METRICS):  # not probed, or probed before the table
         return {}
-    table = final_probe_table(client, run.info.run_id, run.data.tags.get("run_dir", ""), folder)
+    try:
+        table = final_probe_table(client, run.info.run_id, run.data.tags.get("run_dir", ""), folder)
+    except Exception as error:  # no table, or one that does not parse: the values stay unknown, said so
+        return {READ_ERROR: f"probes/final/probes.csv: {type(error).__name__}: {str(error).splitlines()[0][:200]}"}
     return {key: value for key, value in table.items() if key.startswith("probe/") and key not in logged}
 
 
@@ -165,35 +177,48 @@ def final_probe_file(client: Any, run_id: str, run_dir: str, name: str, folder: 
 
 def final_probe_table(client: Any, run_id: str, run_dir: str, folder: Path) -> dict[str, float]:
     """Every probe value of the run's final probe table (:func:`final_probe_file` ``probes.csv``,
-    NaN where empty); empty when it has none or it cannot be read."""
+    NaN where empty); raises when it has none or it cannot be read."""
     from experiments.probing.files import TABLE_FILE, read_probe_table
 
-    try:
-        return read_probe_table(final_probe_file(client, run_id, run_dir, TABLE_FILE, folder))
-    except Exception:  # no table (a run of before it, probes off or failed) or one that does not parse
-        return {}
+    return read_probe_table(final_probe_file(client, run_id, run_dir, TABLE_FILE, folder))
 
 
-def probe_reports(
-    client: Any, rows: Iterable[Sequence[str]], run_dirs: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """For each group of run ids (a row's seeds, in order), the first run's
-    :class:`~mesh_model.probes.ProbeReport` read from its final ``probes.json``
-    (:func:`final_probe_file`; ``run_dirs``: run id -> its run dir): run id -> report. Groups where
-    no run has the file are left out."""
-    from experiments.probing.files import REPORT_FILE, load_report
+def stages_file(client: Any, runs: pd.DataFrame, folder: Path) -> Path | None:
+    """The ``stages.json`` of the ``seeds=auto`` grid whose cells are among ``runs``: logged on the
+    parent run (tag ``kind=sweep``) of its first stage, downloaded into ``folder``; None when no
+    parent of theirs has one."""
+    wanted = set(runs["run_id"])
+    ids = sorted(experiment_ids(client, sorted(set(runs["experiment"]))).values())
+    if not ids or not wanted:
+        return None
+    for parent in client.search_runs(ids, "tags.kind = 'sweep'", max_results=10_000):
+        run_id = parent.info.run_id
+        if "stages.json" not in {a.path for a in client.list_artifacts(run_id)}:
+            continue
+        children = client.search_runs(ids, f"tags.mlflow.parentRunId = '{run_id}'", max_results=10_000)
+        if wanted & {child.info.run_id for child in children}:
+            with _environ(QUIET_ARTIFACTS):
+                return Path(client.download_artifacts(run_id, "stages.json", str(folder / run_id)))
+    return None
 
-    reports = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for run_ids in rows:
-            for run_id in run_ids:
-                try:
-                    path = final_probe_file(client, run_id, (run_dirs or {}).get(run_id, ""), REPORT_FILE, Path(tmp))
-                except Exception:  # no probe artifact (probes off, failed, or not logged)
-                    continue
-                reports[run_id] = load_report(path)
-                break
-    return reports
+
+def probe_report_files(
+    client: Any, rows: Iterable[Sequence[str]], run_dirs: Mapping[str, str] | None, folder: Path
+) -> dict[str, Path]:
+    """For each group of run ids (a row's seeds, in order), the first run's final ``probes.json``
+    (:func:`final_probe_file`, downloaded into ``folder`` when not on this machine; ``run_dirs``:
+    run id -> its run dir): run id -> path. Groups where no run has the file are left out."""
+    from experiments.probing.files import REPORT_FILE
+
+    files = {}
+    for run_ids in rows:
+        for run_id in run_ids:
+            try:
+                files[run_id] = final_probe_file(client, run_id, (run_dirs or {}).get(run_id, ""), REPORT_FILE, folder)
+            except Exception:  # no probe artifact (probes off, failed, or not logged)
+                continue
+            break
+    return files
 
 
 @contextmanager

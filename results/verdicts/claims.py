@@ -209,7 +209,9 @@ def best_of_verdict(
     adjusted = p if p_adjusted is None else p_adjusted
     better = [x for x in lines if not _agrees(x.comparison, expect)]
     if adjusted is not None and better and adjusted < alpha:
-        names = ", ".join(f"`{x.other.label}`" for x in better if x.p_holm is not None and x.p_holm <= p)
+        names = ", ".join(
+            f"`{x.other.label}`" for x in better if x.p_holm is not None and p is not None and x.p_holm <= p
+        )
         return CONTRADICTED, "", f"significantly better after Holm's correction: {names}"
     untested = [x for x in lines if not x.comparison.tested]
     if untested:

@@ -94,9 +94,13 @@ def _evaluate_row(claim: Claim, block: str, row: Row, others: list[Row], metric:
         return evaluations
     if unlogged:
         return [untested(", ".join(f"`{o.label}`" for o in unlogged) + f" did not log `{metric}`")]
-    comparisons = [compare_rows(row, other, metric, log_scale) for other in others]
-    tested = [i for i, c in enumerate(comparisons) if c.p is not None]
-    adjusted = dict(zip(tested, holm([comparisons[i].p for i in tested]), strict=True))
+    comparisons = []
+    for other in others:  # every row logged the metric (checked above): a comparison each
+        comparison = compare_rows(row, other, metric, log_scale)
+        assert comparison is not None
+        comparisons.append(comparison)
+    p_values = {i: c.p for i, c in enumerate(comparisons) if c.p is not None}
+    adjusted = dict(zip(p_values, holm(list(p_values.values())), strict=True))
     lines = [
         _line(claim, other, c, alpha, adjusted.get(i))
         for i, (other, c) in enumerate(zip(others, comparisons, strict=True))
@@ -109,8 +113,8 @@ def decide(evaluations: list[Evaluation], alpha: float = ALPHA) -> None:
     claims, Benjamini-Hochberg over the secondary ones and every ``also`` metric), then give each
     its verdict on the adjusted p."""
     for family, adjust in (("primary", holm), ("secondary", benjamini_hochberg)):
-        members = [e for e in evaluations if e.family == family and e.p is not None]
-        for evaluation, p in zip(members, adjust([e.p for e in members]), strict=True):
+        members = [(e, e.p) for e in evaluations if e.family == family and e.p is not None]
+        for (evaluation, _), p in zip(members, adjust([p for _, p in members]), strict=True):
             evaluation.p_adjusted = p
             evaluation.level = alpha / len(members) if family == "primary" else alpha
     for e in evaluations:

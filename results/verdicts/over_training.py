@@ -71,6 +71,8 @@ def describe(evaluation: Evaluation) -> str:
         ahead = all((x.comparison.diff < 0) == (evaluation.claim.expect == "lower") for x in evaluation.lines)
         return "the claimed row's mean the best" if ahead else "another row's mean better"
     c = evaluation.lines[0].comparison
+    if c.ci_low is None or c.ci_high is None:  # tested, so never: the interval comes with the p
+        return NOT_TESTED
     return BELOW if c.ci_high < 0 else ABOVE if c.ci_low > 0 else COVERS
 
 
@@ -102,15 +104,17 @@ def claim_deltas(results: Results, curves: pd.DataFrame, evaluations: Sequence[E
         metric = loss_metric(e.metric)
         if e.metric not in keys or metric not in keys:
             continue
-        for line in e.lines if e.row is not None else []:
+        claimed = e.row
+        for line in e.lines if claimed is not None else []:
+            assert claimed is not None
             for step in steps:
-                row, other = at[step].get((e.block, e.row.label)), at[step].get((e.block, line.other.label))
+                row, other = at[step].get((e.block, claimed.label)), at[step].get((e.block, line.other.label))
                 comparison = row.compare(other, metric) if row is not None and other is not None else None
                 if comparison is None:
                     continue
                 low, high = (comparison.ci_low, comparison.ci_high) if comparison.tested else (None, None)
                 records.append(
-                    (e.claim.id, e.block, metric, e.row.label, line.other.label, line.other.scheme, step)
+                    (e.claim.id, e.block, metric, claimed.label, line.other.label, line.other.scheme, step)
                     + (float(tokens.get(step, math.nan)), comparison.diff)
                     + (math.nan if low is None else low, math.nan if high is None else high)
                 )

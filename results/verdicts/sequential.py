@@ -24,6 +24,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from results.stats.sequential import CONTINUE, FUTILE, INCONCLUSIVE, REJECT, Design
 from results.verdicts.claims import CONTRADICTED, HOLDS, Evaluation
@@ -96,8 +97,10 @@ def design_of(auto: AutoSeeds, claims: int) -> Design:
 
 def paired_diffs(evaluation: Evaluation) -> list[tuple[int, float]]:
     """(seed, claimed - other) for each seed both rows ran, in seed order; PPL on the log scale."""
-    other = evaluation.lines[0].other
-    ours, theirs = evaluation.row.stats.get(evaluation.metric), other.stats.get(evaluation.metric)
+    other, row = evaluation.lines[0].other, evaluation.row
+    if row is None:  # an evaluation without a claimed row compares nothing
+        return []
+    ours, theirs = row.stats.get(evaluation.metric), other.stats.get(evaluation.metric)
     if ours is None or theirs is None:
         return []
     a, b = dict(zip(ours.seeds, ours.values, strict=True)), dict(zip(theirs.seeds, theirs.values, strict=True))
@@ -113,7 +116,8 @@ def verdict_at(design: Design, evaluation: Evaluation, arms: list[Arm] | None = 
     """The first decision other than ``continue`` over the looks the runs reach (or the last one),
     with its stage and repeated confidence interval."""
     pairs = paired_diffs(evaluation)
-    label = f"{evaluation.row.label} vs {evaluation.lines[0].other.label} ({evaluation.metric})"
+    claimed = evaluation.row.label if evaluation.row is not None else "?"
+    label = f"{claimed} vs {evaluation.lines[0].other.label} ({evaluation.metric})"
     effect = evaluation.claim.paper_effect
     arms = arms or []
     result = Verdict(evaluation.claim.id, label, len(pairs), math.nan, None, math.inf, CONTINUE, CONTINUE, arms)
@@ -171,7 +175,7 @@ def apply_design(evaluations: Sequence[Evaluation], record: DesignRecord) -> lis
     return decided
 
 
-def apply_roles(evaluations: Sequence[Evaluation], declared: dict[str, object] | None, folder_name: str) -> None:
+def apply_roles(evaluations: Sequence[Evaluation], declared: dict[str, Any] | None, folder_name: str) -> None:
     """Mark the evaluations of the declared confirmatory claims (``confirmatory.yaml``, read by
     :func:`results.runs.stages.read_confirmatory`) as confirmatory in the report folder it names,
     as replications elsewhere."""
