@@ -3,7 +3,7 @@
 residual, anchor and anchor* at K = 2, 3 and B = 3..6, with the paper's final read and with the
 residual final read (``mesh_final_read=residual``).
 
-    .venv/bin/python benchmarks/expressiveness.py            # ~1 min on one core
+    .venv/bin/python benchmarks/expressiveness.py            # ~3 min on one busy core
     .venv/bin/python benchmarks/expressiveness.py --starts 64 --seed 1
 
 No model, no data: the numbers are properties of softmax reads over B slots and additive writes.
