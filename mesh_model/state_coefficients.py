@@ -90,18 +90,27 @@ def _step_weights(scheme: object, t: int, h: Tensor) -> tuple[Tensor | float, ..
 
 
 def _mesh(scheme: MeSH, routings: list[Routing], shape: tuple[int, ...]) -> dict[str, Tensor]:
-    states = {}
-    writes: list[Tensor] = []
-    for i, routing in enumerate(routings):
-        writes.append(routing.write.float())
-        read = routing.read.float()
-        c = read.new_zeros(shape)
-        c[..., 0] = read[..., 0]
-        c[..., 1 : 2 + i] = (torch.stack(writes, dim=-2) @ read.unsqueeze(-1)).squeeze(-1)
-        if i == scheme.loops and i > 0 and scheme.router.final_read == "residual":
-            c[..., 1 + i] += 1.0
-        states[f"h{i}"] = c
-    return states
+    writes = torch.stack([r.write.float() for r in routings], dim=-2)
+    reads = torch.stack([r.read.float() for r in routings], dim=-2)
+    coefficients = mesh_coefficients(writes, reads, scheme.router.final_read)
+    assert coefficients.shape[:-2] + coefficients.shape[-1:] == shape
+    return {f"h{i}": c for i, c in enumerate(coefficients.unbind(-2))}
+
+
+def mesh_coefficients(writes: Tensor, reads: Tensor, final_read: str = "read") -> Tensor:
+    """MeSH's states h(0) .. h(K) as coefficients (..., K+1, K+2) over :func:`source_names`, from
+    the write and read weights (..., K+1, B) of routers 0 (the transition) .. K (the final read).
+
+    Read i is r_i[0] h_emb + sum_{s<=i} (r_i . w_s) v_s, so the block over (prelude, f1 .. fK) is
+    the lower triangle of reads @ writes^T; under ``final_read=residual`` the last row adds 1 f_K.
+    Differentiable in the weights (mesh_model.expressiveness fits routings through it)."""
+    loops = reads.shape[-2] - 1
+    c = torch.cat((reads[..., :1], (reads @ writes.mT).tril()), dim=-1)
+    if loops > 0 and final_read == "residual":
+        last = torch.zeros(c.shape[-2:], dtype=c.dtype, device=c.device)
+        last[loops, loops + 1] = 1.0
+        c = c + last
+    return c
 
 
 def reconstruct(
@@ -115,4 +124,4 @@ def reconstruct(
     return out
 
 
-__all__ = ["mesh_routings", "reconstruct", "source_names", "state_coefficients", "state_names"]
+__all__ = ["mesh_coefficients", "mesh_routings", "reconstruct", "source_names", "state_coefficients", "state_names"]
