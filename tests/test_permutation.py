@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from results.permutation import (
+from results.stats.comparison import compare
+from results.stats.permutation import (
     Crosscheck,
     crosscheck,
     crosscheck_diffs,
@@ -18,7 +19,6 @@ from results.permutation import (
     sign_flip_pvalues,
     sign_flip_test,
 )
-from results.stats import compare
 
 ALTERNATIVES = {"two-sided": "p_two_sided", "greater": "p_greater", "less": "p_less"}
 

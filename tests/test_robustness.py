@@ -18,8 +18,8 @@ import math
 import numpy as np
 import pytest
 
-from results.robustness import bimodal_null, design_error, fixed_n_error, mixture_skewness, normal_null
-from results.sequential import CALIBRATION_PATHS, Design
+from results.stats.robustness import bimodal_null, design_error, fixed_n_error, mixture_skewness, normal_null
+from results.stats.sequential import CALIBRATION_PATHS, Design
 
 DESIGN = Design(stage=3, n_max=12, alpha=0.05, claims=4)  # stage B: alpha over 4 claims, 0.0125 each
 PATHS = 300_000

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from results.stats import ALPHA, MIN_COMMON, Comparison, Sample, compare
+from results.stats.comparison import ALPHA, MIN_COMMON, Comparison, Sample, compare
 
 EXACT_MAX = 20  # 2^20 sums (8 MB): exact up to here, Monte Carlo beyond
 RESAMPLES = 100_000

@@ -13,7 +13,7 @@ an effect is given): the share of paths that reject, with its binomial standard 
 and at each look. :data:`ASSUMPTION` is the sentence a report can state.
 
 :func:`fixed_n_error` puts the plain paired t-test and the sign-flip test of
-:mod:`results.permutation` side by side at one n. The sign-flip test needs no normality but does
+:mod:`results.stats.permutation` side by side at one n. The sign-flip test needs no normality but does
 need *symmetric* differences: a skewed mixture with mean 0 has a median below 0, which it detects,
 so it is inflated there too (less than t; at n = 12, alpha 0.0125: t 0.024, sign-flip 0.018).
 It is a check against heavy tails and symmetric non-normality, not against skew.
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import t as student_t
 
-from results.permutation import sign_flip_pvalues
-from results.sequential import Design, decide_paths, running_t, spent
+from results.stats.permutation import sign_flip_pvalues
+from results.stats.sequential import Design, decide_paths, running_t, spent
 
 ASSUMPTION = (
     "the sequential bounds assume normally distributed per-seed differences; "
-    "results.robustness.design_error measures the per-claim error when they are not"
+    "results.stats.robustness.design_error measures the per-claim error when they are not"
 )
 PATHS = 200_000
 SEED = 49
