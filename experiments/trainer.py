@@ -30,6 +30,7 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
         compile=plan.train.compile,
         activation_checkpointing=plan.train.activation_checkpointing,
         init_seed=plan.train.seed,
+        loops=plan.train.loops,
     )
 
 
