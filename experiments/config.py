@@ -190,6 +190,7 @@ class ProbeConfig:
 
     enabled: bool = True
     every_n_validations: int = 0
+    stability: bool = True  # the loop map's stability at every validation (experiments/callbacks/stability.py)
     num_batches: int = 2
     seq_len: int | None = None
     debiased: bool | None = None
