@@ -139,9 +139,7 @@ def run_cost(
     return RunCost(flops * budget.total_tokens, on_gpu, files * CHECKPOINT_COPIES * param_bytes * parameters)
 
 
-def flop_seconds(
-    model_config: ModelConfig, budget: StepBudget, cores: int, loops: LoopsConfig | None = None
-) -> float:
+def flop_seconds(model_config: ModelConfig, budget: StepBudget, cores: int, loops: LoopsConfig | None = None) -> float:
     """One run's wall time on ``cores`` CPU cores by the FLOP model: its training FLOPs, counted as
     :func:`run_cost` counts them (at the budget's sequence length), / the cores' rate."""
     return model_size(model_config, budget.seq_len, loops)[0] * budget.total_tokens / (CPU_FLOPS * cores)

@@ -56,11 +56,12 @@ class LoopsConfig:
                 if getattr(self, name) is not None:
                     raise ConfigError(f"loops.{name}", getattr(self, name), "loops=fixed runs the layout's K: drop it")
             return
-        if not _is_int(self.max) or self.max < 1:
-            raise ConfigError("loops.max", self.max, f"loops={self.distribution} needs its cap, an integer >= 1")
+        cap = self.max
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ConfigError("loops.max", cap, f"loops={self.distribution} needs its cap, an integer >= 1")
         if self.distribution == "uniform":
-            if not _is_int(self.min) or not 1 <= self.min <= self.max:
-                raise ConfigError("loops.min", self.min, f"an integer from 1 to loops.max={self.max}")
+            if not _is_int(self.min) or not 1 <= self.min <= cap:
+                raise ConfigError("loops.min", self.min, f"an integer from 1 to loops.max={cap}")
             return
         mean = self.mean
         if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not 1 < mean < math.inf:

@@ -207,7 +207,7 @@ def _gb(n: int) -> str:
 
 def parameter_count(config: ModelConfig) -> int:
     """Every parameter of ``build_model(config)``, from the config alone (no model is built)."""
-    d, loops = config.d_model, config.loops
+    d = config.d_model
     total = 2 * config.vocab_size * d + blocks_non_embedding(config)
     kind = config.scheme_spec.kind
     if config.parsed_layout.is_vanilla:

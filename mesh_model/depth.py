@@ -127,6 +127,7 @@ class TokenExit:
             score = relative_change(h, old)
         else:
             out = self.readout(h)
+            assert self.previous is not None
             score = kl_per_token(out, self.previous)
             self.previous = out
         self.active = self.active & ~(score < self.rule.eps)

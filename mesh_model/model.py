@@ -104,7 +104,13 @@ class MeshTransformer(nn.Module):
         self.state_passing: StatePassing | None = None
         if not layout.is_vanilla:
             self.state_passing = build_state_passing(
-                config.scheme_spec, config.parameter_loops, d, config.slots, config.init_std, mesh_buffer, config.router_options
+                config.scheme_spec,
+                config.parameter_loops,
+                d,
+                config.slots,
+                config.init_std,
+                mesh_buffer,
+                config.router_options,
             )
         self.core_schedule = layout.core_schedule
         self.embedding_scale = math.sqrt(d) if config.scale_embeddings else 1.0

@@ -30,7 +30,9 @@ def ids() -> torch.Tensor:
 
 
 def model_of(scheme: str, layout: str = "1+2R2+1", seed: int = 0, **overrides) -> torch.nn.Module:
-    return build_model(ModelConfig.from_preset("tiny", layout=layout, scheme=scheme, **overrides), init_seed=seed).eval()
+    return build_model(
+        ModelConfig.from_preset("tiny", layout=layout, scheme=scheme, **overrides), init_seed=seed
+    ).eval()
 
 
 def randomised(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
@@ -230,7 +232,9 @@ def test_truncated_and_expected_flops_by_hand():
     forward = {"base": 2 * core + 2 * 4 * s * d, "mesh": 2 * (core + 2 * d * b) + 2 * 4 * s * d}
     with torch.device("meta"):
         for scheme, step in forward.items():
-            model = build_model(ModelConfig.from_preset("tiny", scheme=scheme, buffer_slots=5 if scheme == "mesh" else None))
+            model = build_model(
+                ModelConfig.from_preset("tiny", scheme=scheme, buffer_slots=5 if scheme == "mesh" else None)
+            )
             full = flops_per_token(model, s)
             assert flops_per_token(model, s, 2, 1) == full - 2 * step  # one step's backward (2x forward) saved
             assert flops_per_token(model, s, 2.5, 2.0) == full + 0.5 * step  # half a forward-only step more
@@ -244,7 +248,9 @@ def test_spectral_radius_and_change_ratios_of_linear_maps():
     a = torch.diag(torch.tensor([0.5, 0.9, -0.3], dtype=torch.float64))
     assert spectral_radius(lambda h: a @ h, torch.ones(3, dtype=torch.float64), 40) == pytest.approx(0.9, abs=1e-6)
     rotation = torch.tensor([[0.0, -0.8], [0.8, 0.0]], dtype=torch.float64)  # a complex pair of modulus 0.8
-    assert spectral_radius(lambda h: rotation @ h, torch.ones(2, dtype=torch.float64), 40) == pytest.approx(0.8, abs=1e-6)
+    assert spectral_radius(lambda h: rotation @ h, torch.ones(2, dtype=torch.float64), 40) == pytest.approx(
+        0.8, abs=1e-6
+    )
     expanding = torch.diag(torch.tensor([1.5, 0.2], dtype=torch.float64))
     assert spectral_radius(lambda h: expanding @ h + 3.0, torch.ones(2, dtype=torch.float64), 40) == pytest.approx(1.5)
     states = [torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)]
