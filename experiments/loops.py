@@ -37,7 +37,7 @@ _NODES = 96  # Gauss-Hermite nodes: the expectations agree with 1e6-draw means t
 
 @dataclass
 class LoopsConfig:
-    """The loop count of each training step (module docstring)."""
+    """The loop count of each training step: fixed (the layout's K) or drawn from (seed, step) (experiments/loops.py)."""
 
     distribution: str = "fixed"
     mean: float | None = None  # poisson_lognormal: the uncapped E[K]
