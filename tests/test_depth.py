@@ -284,3 +284,24 @@ def test_the_loop_map_is_the_step_the_pass_takes(ids):
         torch.testing.assert_close(h, states["h2"])
         torch.testing.assert_close(step(h), states["h3"])
         torch.testing.assert_close(step(h), states["h3"])  # the map does not change the state it holds
+
+
+@pytest.mark.parametrize(
+    ("scheme", "overrides"),
+    [
+        ("mesh", {"max_loops": 6}),
+        ("mesh", {"mesh_routers": "shared"}),
+        ("static", {"max_loops": 4}),
+        ("dynamic", {"max_loops": 3}),
+    ],
+)
+def test_state_coefficients_follow_the_parameter_sets_a_pass_uses(scheme, overrides, ids):
+    """The routing probes read per-step parameters as the pass does: routers up to a cap or shared."""
+    from mesh_model.state_coefficients import reconstruct, state_coefficients
+
+    model = randomised(model_of(scheme, **overrides))
+    with torch.no_grad():
+        out = model(ids, return_hidden_states=True)
+        for name, c in state_coefficients(model, out.hidden_states).items():
+            rebuilt = reconstruct(c, out.hidden_states, out.core_outputs)
+            torch.testing.assert_close(rebuilt, out.hidden_states[name].float(), rtol=1e-4, atol=1e-4)
