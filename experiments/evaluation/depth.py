@@ -105,6 +105,11 @@ def evaluate_depth(
         raise RunInputError(f"layout {model.config.layout!r} has no loop: --loops and --exit need a looped core")
     loops = settings.loops if settings.loops else list(range(1, 4 * trained + 1))
     if settings.loops is not None:
+        if not model.config.loopable:  # even at its own K: a non-shared layout has no depth axis
+            raise RunInputError(
+                f"--loops={','.join(map(str, loops))} is invalid: layout {model.config.layout!r} has distinct core "
+                "segments, no single shared-weight core to loop again; only P+CRK+Q layouts run another loop count"
+            )
         try:
             for k in loops:
                 model.loop_schedule(k)
