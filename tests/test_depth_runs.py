@@ -27,6 +27,7 @@ from experiments.checkpoints import RunInputError
 from experiments.compose import compose_config
 from experiments.data.datamodule import TokenDataModule
 from experiments.evaluation.cli import main as eval_main
+from experiments.evaluation.cli import parser
 from experiments.evaluation.depth import DepthSettings, evaluate_depth
 from experiments.loops import LoopsConfig
 from experiments.plan import InputError, estimate_run, padded_vocab, plan_run
@@ -161,6 +162,7 @@ def test_at_its_own_loop_count_the_run_gives_its_final_validation_loss_exactly(t
 
 
 def test_mesh_eval_logs_the_depth_curve_by_loop_count_into_the_run(tiny_run, capsys):
+    assert parser().parse_args(["run", "--loops"]).loops == []  # alone: the default list, 1 to 4K
     code = eval_main([str(tiny_run.run_dir), "--loops", "1,2,3", "--exit", "state", "--exit-eps", "0,1e9"])
     assert code == 0, capsys.readouterr().err
     client, run_id = tiny_run.client, tiny_run.run_id

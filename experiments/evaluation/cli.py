@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
         "--loops",
         type=_loops,
         nargs="?",
-        const="",
+        const=[],
         help="test-time loop counts, e.g. 1,2,3,4,6,8 (alone: 1 to 4K): validation loss and PPL at each, logged as "
         "depth/<set>/ppl at MLflow step K'; runs instead of perplexity and tasks (docs/depth.md)",
     )
