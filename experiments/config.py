@@ -263,7 +263,7 @@ class TrainConfig:
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
     optim: OptimConfig = MISSING
-    loops: LoopsConfig = MISSING  # the loop count of each training step (experiments/loops.py)
+    loops: LoopsConfig = field(default_factory=LoopsConfig)  # each training step's loop count (experiments/loops.py)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
