@@ -159,6 +159,10 @@ def test_at_its_own_loop_count_the_run_gives_its_final_validation_loss_exactly(t
     assert row["loss"] == tiny_run.result["val_loss"]  # the same windows, summed the same way
     assert [r["loss"] for r in report["depth"]] == [row["loss"]] * 2  # both rules: the identity at K
     assert [r["loss"] for r in report["exit"]] == [row["loss"]] * 2 and {r["loops_used"] for r in report["exit"]} == {2}
+    # an exit with room for more loops than K, at eps = 0: the full pass at that loop count
+    longer = evaluate_depth(checkpoint, config, DepthSettings(loops=[4], exit=["state"], exit_eps=[0.0], exit_loops=4))
+    (four,) = [r for r in longer["depth"] if r["rule"] == "last"]
+    assert longer["exit"][0]["loss"] == four["loss"] and longer["exit"][0]["loops_used"] == 4
 
 
 def test_mesh_eval_logs_the_depth_curve_by_loop_count_into_the_run(tiny_run, capsys):
@@ -175,6 +179,8 @@ def test_mesh_eval_logs_the_depth_curve_by_loop_count_into_the_run(tiny_run, cap
     assert used == {0: 2.0, 1: 1.0}
     artifacts = {a.path for a in client.list_artifacts(run_id, "depth")}
     assert artifacts == {"depth/depth.csv", "depth/exit.csv"}
+    exits = (tiny_run.run_dir / "eval" / f"depth-step{tiny_run.steps}" / "exit.csv").read_text().splitlines()
+    assert exits[0] == "criterion,eps,loops,set,loss,ppl,loops_used" and len(exits) == 3
     lines = (tiny_run.run_dir / "eval" / f"depth-step{tiny_run.steps}" / "depth.csv").read_text().splitlines()
     assert lines[0] == "loops,rule,set,loss,ppl" and len(lines) == 1 + 3 * 2
 

@@ -98,6 +98,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--exit-eps", type=_floats, default=None, help="exit thresholds (default 0,0.001,0.003,0.01,0.03,0.1)"
     )
+    p.add_argument(
+        "--exit-loops", type=int, help="the most core steps a token runs under --exit (default: the run's K)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="lm-eval's, Lightning's and MLflow's INFO logging")
     return p
 
@@ -168,7 +171,7 @@ def depth_main(args: argparse.Namespace) -> int:
     from experiments.evaluation.evaluate import resolve_target
 
     eps = list(DEFAULT_EPS) if args.exit_eps is None else args.exit_eps
-    depth = DepthSettings(loops=args.loops, rules=args.rule, exit=args.exit, exit_eps=eps)
+    depth = DepthSettings(loops=args.loops, rules=args.rule, exit=args.exit, exit_eps=eps, exit_loops=args.exit_loops)
     try:
         depth.check()
         target = resolve_target(settings_from(args))

@@ -40,6 +40,7 @@ class DepthSettings:
     rules: list[str] = field(default_factory=lambda: list(LOOP_RULES))
     exit: list[str] = field(default_factory=list)
     exit_eps: list[float] = field(default_factory=lambda: list(DEFAULT_EPS))
+    exit_loops: int | None = None  # the most core steps a token may run under --exit (None: the run's K)
 
     def check(self) -> None:
         """One line for what no evaluation can run with, before the model loads."""
@@ -53,6 +54,8 @@ class DepthSettings:
                 raise RunInputError(f"--exit={criterion} is invalid: use {', '.join(EXIT_CRITERIA)} (docs/depth.md)")
         if any(not 0 <= e < math.inf for e in self.exit_eps):
             raise RunInputError(f"--exit-eps={self.exit_eps} is invalid: thresholds are finite numbers >= 0")
+        if self.exit_loops is not None and self.exit_loops < 1:
+            raise RunInputError(f"--exit-loops={self.exit_loops} is invalid: a loop count >= 1 (default: the run's K)")
 
 
 @torch.no_grad()
@@ -115,6 +118,10 @@ def evaluate_depth(
                 model.loop_schedule(k)
         except ConfigError as error:
             raise RunInputError(f"--loops: {error}") from None
+    try:
+        model.loop_schedule(settings.exit_loops)
+    except ConfigError as error:
+        raise RunInputError(f"--exit-loops: {error}") from None
     per_step = model.config.scheme_spec.kind in ("mesh", "static", "dynamic") and model.config.parameter_loops > 1
     rules = settings.rules if per_step else [model.config.loop_rule]
     loaders = validation_loaders(config)
@@ -125,9 +132,10 @@ def evaluate_depth(
                 depth_rows.append({"loops": k, "rule": rule, "set": name, **result})
     for criterion in settings.exit:
         for eps in settings.exit_eps:
-            depth = Depth(exit=ExitRule(criterion, float(eps)))
+            depth = Depth(loops=settings.exit_loops, exit=ExitRule(criterion, float(eps)))
             for name, result in validation_losses(model, loaders, depth).items():
-                exit_rows.append({"criterion": criterion, "eps": eps, "set": name, **result})
+                row = {"criterion": criterion, "eps": eps, "loops": settings.exit_loops or trained, "set": name}
+                exit_rows.append({**row, **result})
     return {
         "depth": depth_rows,
         "exit": exit_rows,
@@ -204,7 +212,7 @@ def depth_summary(report: dict[str, Any]) -> str:
         lines.append(f"  loops {row['loops']:3d} {row['rule']:6s} {row['set']:<24} ppl {row['ppl']:10.3f}")
     for row in report["exit"]:
         lines.append(
-            f"  exit {row['criterion']:6s} eps {row['eps']:<8g} {row['set']:<20} ppl {row['ppl']:10.3f}"
+            f"  exit {row['criterion']:6s} eps {row['eps']:<8g} max {row['loops']:2d} {row['set']:<20} ppl {row['ppl']:10.3f}"
             f"  loops/token {row['loops_used']:.3f}"
         )
     lines += [f"  csv: {path}" for path in report["files"]]
