@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from experiments.config import TrainConfig
+from experiments.loops import LoopsConfig
 from experiments.schedule import warmup_steps
 from mesh_model import ConfigError, ModelConfig
 
@@ -123,31 +124,44 @@ class RunCost:
 
 
 def run_cost(
-    model_config: ModelConfig, budget: StepBudget, on_gpu: bool, param_bytes: int, checkpoint_every: int
+    model_config: ModelConfig,
+    budget: StepBudget,
+    on_gpu: bool,
+    param_bytes: int,
+    checkpoint_every: int,
+    loops: LoopsConfig | None = None,
 ) -> RunCost:
     """The :class:`RunCost` of training ``model_config`` for ``budget``, its parameters held in
-    ``param_bytes`` each, checkpointed every ``checkpoint_every`` steps."""
-    flops, parameters = model_size(model_config, budget.seq_len)
+    ``param_bytes`` each, checkpointed every ``checkpoint_every`` steps, each step at the expected
+    loop count of ``loops`` (experiments/loops.py; None: the layout's K)."""
+    flops, parameters = model_size(model_config, budget.seq_len, loops)
     files = 2 if budget.max_steps >= checkpoint_every else 1
     return RunCost(flops * budget.total_tokens, on_gpu, files * CHECKPOINT_COPIES * param_bytes * parameters)
 
 
-def flop_seconds(model_config: ModelConfig, budget: StepBudget, cores: int) -> float:
+def flop_seconds(model_config: ModelConfig, budget: StepBudget, cores: int, loops: LoopsConfig | None = None) -> float:
     """One run's wall time on ``cores`` CPU cores by the FLOP model: its training FLOPs, counted as
     :func:`run_cost` counts them (at the budget's sequence length), / the cores' rate."""
-    return model_size(model_config, budget.seq_len)[0] * budget.total_tokens / (CPU_FLOPS * cores)
+    return model_size(model_config, budget.seq_len, loops)[0] * budget.total_tokens / (CPU_FLOPS * cores)
 
 
-def model_size(model_config: ModelConfig, seq_len: int | None = None) -> tuple[int, int]:
+def model_size(
+    model_config: ModelConfig, seq_len: int | None = None, loops: LoopsConfig | None = None
+) -> tuple[float, int]:
     """(training FLOPs per token at ``seq_len``, parameters) of ``model_config``, built on the meta
-    device: no memory, no initialisation."""
+    device: no memory, no initialisation. With ``loops``, a step runs its expected loop count and
+    backpropagates through its expected truncated count (:meth:`LoopsConfig.expected`)."""
     import torch
 
     from mesh_model import MeshTransformer, flops_per_token
 
     with torch.device("meta"):
         model = MeshTransformer(model_config)
-    return flops_per_token(model, seq_len), sum(p.numel() for p in model.parameters())
+    parameters = sum(p.numel() for p in model.parameters())
+    if loops is None or (not loops.sampled and loops.backprop is None):
+        return flops_per_token(model, seq_len), parameters
+    expected, grad = loops.expected(model_config.loops)
+    return flops_per_token(model, seq_len, expected, grad), parameters
 
 
 def tokens_text(count: float) -> str:

@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 from experiments.data.config import DataConfig
 from experiments.identity import MODEL_AXES, canonical_variant, model_config_for
+from experiments.loops import LoopsConfig
 from mesh_model import ConfigError, ModelConfig, did_you_mean
 from mesh_model.scheme_names import NAMED_SCHEMES, UNKNOWN_SCHEME
 
@@ -189,6 +190,7 @@ class ProbeConfig:
 
     enabled: bool = True
     every_n_validations: int = 0
+    stability: bool = True  # the loop map's stability at every validation (experiments/callbacks/stability.py)
     num_batches: int = 2
     seq_len: int | None = None
     debiased: bool | None = None
@@ -261,6 +263,7 @@ class TrainConfig:
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
     optim: OptimConfig = MISSING
+    loops: LoopsConfig = field(default_factory=LoopsConfig)  # each training step's loop count (experiments/loops.py)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -309,7 +312,7 @@ class TrainConfig:
             raise ConfigError("runs_dir", self.runs_dir, "give a folder for the runs (default: runs)")
         if self.log_level is not None and str(self.log_level).lower() not in LOG_LEVELS:
             raise ConfigError("log_level", self.log_level, f"use null (warning) or one of {', '.join(LOG_LEVELS)}")
-        for part in (self.data, self.trainer, self.optim, self.tracking, self.probes, self.search):
+        for part in (self.data, self.trainer, self.optim, self.loops, self.tracking, self.probes, self.search):
             part.validate()
         self.model_config()
 
@@ -319,8 +322,30 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int | None = None) -> ModelConfig:
         """The run's model, resolved from its model axes (``scheme=vanilla`` included; ``vocab_size``,
-        the tokenizer's, unless ``model_overrides`` sets one): a ``ConfigError`` naming the axis for a bad one."""
-        return model_config_for(self.model_axes(), vocab_size)
+        the tokenizer's, unless ``model_overrides`` sets one): a ``ConfigError`` naming the axis for a bad one.
+        Sampled loop counts build per-step parameters up to the cap (``max_loops``) where the scheme
+        has them (MeSH's per-step routers, static, dynamic) and the overrides do not say otherwise."""
+        config = model_config_for(self.model_axes(), vocab_size)
+        loops = self.loops
+        if not loops.sampled:
+            return config
+        if not config.loopable:
+            raise ConfigError(
+                "loops",
+                loops.distribution,
+                f"layout {config.layout!r} has no single shared-weight core to loop a sampled number of times",
+            )
+        per_step = config.scheme_spec.kind in ("static", "dynamic") or (
+            config.scheme_spec.kind == "mesh" and config.mesh_routers == "per_step"
+        )
+        cap = loops.cap or config.loops
+        if per_step and config.max_loops is None and cap > config.loops:
+            return config.replace(max_loops=cap)
+        if per_step and config.parameter_loops < cap:
+            raise ConfigError(
+                "model_overrides.max_loops", config.max_loops, f"per-step parameters must reach loops.max={cap}"
+            )
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         """The run's config as it is logged, hashed (experiments/identity.py) and written to
@@ -329,7 +354,7 @@ class TrainConfig:
 
 
 # The schema of each group; the options are the YAML files of experiments/conf/<group>/.
-GROUP_SCHEMAS = {"data": DataConfig, "trainer": TrainerConfig, "optim": OptimConfig}
+GROUP_SCHEMAS = {"data": DataConfig, "trainer": TrainerConfig, "optim": OptimConfig, "loops": LoopsConfig}
 # Groups whose options set keys anywhere in the config (``# @package _global_``): no schema of
 # their own, every key they set is typed by the schema it lands in.
 GLOBAL_GROUPS = ("recipe", "arm")

@@ -31,9 +31,9 @@ from pathlib import Path
 from mesh_model.cli_text import plain
 
 HERE = Path(__file__).resolve().parent
-SCHEMA_SOURCES = (HERE / "config.py", HERE / "data" / "config.py")
+SCHEMA_SOURCES = (HERE / "config.py", HERE / "data" / "config.py", HERE / "loops.py")
 CONF = HERE / "conf"
-GROUPS = ("data", "trainer", "optim", "recipe", "arm")  # experiments/config.py GROUP_SCHEMAS, GLOBAL_GROUPS
+GROUPS = ("data", "trainer", "optim", "loops", "recipe", "arm")  # experiments/config.py GROUP_SCHEMAS, GLOBAL_GROUPS
 ROOT_SCHEMA = "TrainConfig"
 
 LEVEL_ENV = "MESH_LOG_LEVEL"  # set by a CLI's -v; inherited by the processes it starts (sweep cells)

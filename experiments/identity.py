@@ -54,6 +54,8 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "optim.lr_by_scheme": {},
     "optim.router_lr_scale": 1.0,
     "data.replace_invalid_utf8": False,
+    # loops=fixed (experiments/loops.py): every step at the layout's K, as every earlier run trained
+    "loops": {"distribution": "fixed", "mean": None, "sigma": 0.5, "min": 1, "max": None, "backprop": None},
 }
 # The model axes of the config; the hash takes the model they resolve to instead.
 MODEL_AXES = ("model", "layout", "scheme", "buffer_slots", "model_overrides")

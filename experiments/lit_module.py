@@ -12,8 +12,10 @@ from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from experiments.config import OptimConfig
+from experiments.loops import LoopsConfig
 from experiments.schedule import lr_multiplier
 from mesh_model import ModelConfig, build_model
+from mesh_model.depth import Depth
 
 
 def parameter_groups(
@@ -57,12 +59,16 @@ class MeshLitModule(pl.LightningModule):
         compile: bool = False,
         activation_checkpointing: bool = False,
         init_seed: int | None = None,
+        loops: LoopsConfig | None = None,
     ) -> None:
         super().__init__()
         # Kept in checkpoints (experiments.checkpoints rebuilds the model from them), not logged:
         # train.py logs every param once, model_config.* included.
-        self.save_hyperparameters(ignore=["optim"], logger=False)
+        self.save_hyperparameters(ignore=["optim", "loops"], logger=False)
         self.optim = optim
+        # The loop count of each training step, a function of (seed, step) (experiments/loops.py).
+        self.loops = loops or LoopsConfig()
+        self.loop_seed = init_seed or 0
         self.config = ModelConfig(**model_config)
         # The run's seed fixes the initial weights, tensor by tensor (mesh_model.init): two schemes at
         # one seed start from the same shared weights, so comparisons over seeds pair.
@@ -88,12 +94,16 @@ class MeshLitModule(pl.LightningModule):
 
         With gradient accumulation (``trainer.accumulate_grad_batches``) the logged values are
         the means over the step's micro-batches, logged once per optimizer step (Lightning scales
-        the loss by 1/accumulation itself)."""
+        the loss by 1/accumulation itself). A run of sampled loop counts also logs the step's K as
+        ``train/loops``."""
         # The loss straight from the hidden states: the full logits are never built (mesh_model.loss).
-        out = self.forward_model(batch, labels=batch, return_logits=False)
+        depth = self.training_depth(self.global_step)
+        out = self.forward_model(batch, labels=batch, return_logits=False, depth=depth)
         loss = out.loss
         window = self._window.setdefault("train/loss", [])
         window.append(loss.detach())
+        if depth is not None:
+            self._window.setdefault("train/loops", []).append(torch.tensor(float(depth.loops or self.config.loops)))
         extras = {"train/aux_lb": out.aux_lb, "train/aux_z": out.aux_z, "train/mesh_router_z": out.mesh_z}
         for name, value in extras.items():
             if value is not None:
@@ -107,6 +117,14 @@ class MeshLitModule(pl.LightningModule):
             self.log("lr", self.optimizers().param_groups[0]["lr"])
         self._tokens_since += batch.numel()
         return loss
+
+    def training_depth(self, step: int) -> Depth | None:
+        """How optimizer step ``step`` loops: None (the layout's K, every step backpropagated) unless
+        ``loops`` samples K or truncates backprop; every micro-batch of the step draws the same."""
+        if not self.loops.sampled and self.loops.backprop is None:
+            return None
+        drawn = self.loops.draw(self.config.loops, self.loop_seed, step)
+        return Depth(loops=drawn, grad_loops=self.loops.grad_loops(drawn))
 
     def _accumulation(self) -> int:
         trainer = self._trainer

@@ -178,7 +178,8 @@ def estimate_run(cfg: DictConfig) -> RunCost:
     vocab = _expected_vocab(train)
     model_config = model_config.replace(vocab_size=vocab) if vocab else model_config
     param_bytes = precision_bytes(train.trainer.resolved_precision)[1]
-    return run_cost(model_config, budget, runs_on_accelerator(train.trainer), param_bytes, train.checkpoint_every)
+    on_gpu = runs_on_accelerator(train.trainer)
+    return run_cost(model_config, budget, on_gpu, param_bytes, train.checkpoint_every, train.loops)
 
 
 def with_seed(plan: RunPlan, seed: int) -> RunPlan:

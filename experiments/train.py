@@ -264,7 +264,9 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, prepared: P
     model also logs ``params_active_non_embedding``, ``params_active_total`` (what one token applies:
     the router and top-k of the E experts), ``params_expert`` and ``params_moe_router``. With
     ``data.replace_invalid_utf8=true`` the param ``data.replacement_chars`` says how many U+FFFD
-    characters the run's text holds (every split; "unknown" from a cache written before the count)."""
+    characters the run's text holds (every split; "unknown" from a cache written before the count).
+    A run of sampled loop counts (or truncated backprop) logs ``loops_expected`` and
+    ``loops_backprop_expected``, and ``flops_per_token`` at them (experiments/loops.py)."""
     from experiments.identity import model_params
     from experiments.tracking import flatten
     from mesh_model import count_parameters
@@ -276,6 +278,12 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, prepared: P
         replaced = prepared.total_replacement_chars
         params["data.replacement_chars"] = "unknown" if replaced is None else str(replaced)
     counts = count_parameters(model)
+    loops = plan.train.loops
+    if loops.sampled or loops.backprop is not None:  # the FLOP model at the expected loop count
+        from mesh_model import flops_per_token
+
+        expected, grad = loops.expected(model_config.loops)
+        counts["flops_per_token"] = flops_per_token(model, None, expected, grad)
     metrics = {
         "params_total": counts["total"],
         "params_non_embedding": counts["non_embedding"],
@@ -288,6 +296,8 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, prepared: P
         "tokens_per_step": plan.budget.tokens_per_step,
         "tokens_planned": plan.budget.total_tokens,
     }
+    if loops.sampled or loops.backprop is not None:
+        metrics.update(loops_expected=expected, loops_backprop_expected=grad)
     if model_config.moe is not None:  # what one token uses of a mixture of experts (dense runs: unchanged)
         metrics.update(
             params_active_non_embedding=counts["active_non_embedding"],

@@ -30,6 +30,7 @@ def build_module(plan: RunPlan, model_config: ModelConfig, val_names: list[str])
         compile=plan.train.compile,
         activation_checkpointing=plan.train.activation_checkpointing,
         init_seed=plan.train.seed,
+        loops=plan.train.loops,
     )
 
 
@@ -45,6 +46,10 @@ def run_callbacks(plan: RunPlan, val_names: list[str]) -> list[pl.Callback]:
         StepCheckpoint(plan.checkpoint_dir, plan.train.checkpoint_every, check_finite=not allowed),
         *probe_callbacks(plan.train.probes, plan.run_dir),
     ]
+    if plan.train.probes.stability:
+        from experiments.callbacks.stability import StabilityMonitor
+
+        callbacks.append(StabilityMonitor())
     if not is_terminal(sys.stderr):
         # A cell of a sweep says which run it is: the cells of a parallel grid share one log.
         name = f"mesh-train {plan.run_dir.name}" if plan.train.tracking.sweep else "mesh-train"

@@ -76,17 +76,51 @@ def blocks_non_embedding(config: ModelConfig, active: bool = False) -> int:
     return blocks + 2 * d
 
 
-def flops_per_token(model: MeshTransformer, seq_len: int | None = None) -> int:
-    """Training (forward + backward) matmul FLOPs per token at ``seq_len`` (default max_seq_len)."""
+def flops_per_token(
+    model: MeshTransformer,
+    seq_len: int | None = None,
+    loops: float | None = None,
+    grad_loops: float | None = None,
+) -> float:
+    """Training (forward + backward) matmul FLOPs per token at ``seq_len`` (default max_seq_len).
+
+    ``loops`` core steps run (default K; an expectation when K is sampled, experiments/loops.py),
+    of which ``grad_loops`` backpropagate (default all; truncated backprop runs the others forward
+    only). A core step costs its forward, 2 x (its weights) + 4 x (its layers) x seq_len x d_model
+    of attention, always, and its backward (twice that) only when it backpropagates; the prelude,
+    coda, head and MeSH's transition count forward and backward. Per-step weights (MeSH's write and
+    read routers, the dynamic coefficients' Linear) count once per step run, whichever parameter
+    set it uses. Only a one-core layout runs another ``loops`` than K. An int when the counts are."""
     config = model.config
     seq_len = seq_len or config.max_seq_len
-    weights = sum(_matmul_weights(stack) for stack in model.unrolled_stacks())
-    weights += model.embed_out.weight.numel()
-    if model.state_passing is not None:
-        # Every router is applied exactly once per forward pass.
-        weights += _matmul_weights(model.state_passing)
-    attention = 12 * config.compute_depth * seq_len * config.d_model
-    return 6 * weights + attention
+    layout, d = config.parsed_layout, config.d_model
+    fixed = sum(_matmul_weights(s) for s in (model.prelude, model.coda)) + model.embed_out.weight.numel()
+    total: float = 6 * fixed + 12 * (layout.prelude + layout.coda) * seq_len * d
+    if layout.is_vanilla:
+        return int(total)
+    step_weights, transition = _state_passing_weights(model)
+    total += 6 * transition
+    if loops is None and grad_loops is None or not config.loopable:
+        model.loop_schedule(None if loops is None else int(loops))  # refuses another count in one line
+        steps = [(_matmul_weights(model.cores[i]), layout.cores[i]) for i in layout.core_schedule]
+        return int(total + sum(6 * (w + step_weights) + 12 * n * seq_len * d for w, n in steps))
+    loops = layout.loops if loops is None else loops
+    grad_loops = loops if grad_loops is None else min(grad_loops, loops)
+    forward = 2 * (_matmul_weights(model.cores[0]) + step_weights) + 4 * layout.cores[0] * seq_len * d
+    total += (loops + 2 * grad_loops) * forward
+    return int(total) if float(total).is_integer() else total
+
+
+def _state_passing_weights(model: MeshTransformer) -> tuple[int, int]:
+    """(matmul weights the scheme applies per core step, those it applies once: MeSH's transition)."""
+    passing, config = model.state_passing, model.config
+    if passing is None:
+        return 0, 0
+    weights = _matmul_weights(passing)
+    if config.scheme_spec.kind == "mesh":  # one write/read pair per parameter set, and the transition's
+        pair = weights // (config.parameter_loops + 1)
+        return pair, pair
+    return weights // config.parameter_loops, 0
 
 
 def count_parameters(model: MeshTransformer, seq_len: int | None = None) -> dict[str, int | float]:
@@ -173,17 +207,18 @@ def _gb(n: int) -> str:
 
 def parameter_count(config: ModelConfig) -> int:
     """Every parameter of ``build_model(config)``, from the config alone (no model is built)."""
-    d, loops = config.d_model, config.loops
+    d = config.d_model
     total = 2 * config.vocab_size * d + blocks_non_embedding(config)
     kind = config.scheme_spec.kind
     if config.parsed_layout.is_vanilla:
         return total
+    sets = config.parameter_loops  # per-step parameter sets: K, max_loops, or 1 (shared routers)
     if kind == "mesh":
-        total += mesh_router_parameters(loops, d, config.slots or 0)
+        total += mesh_router_parameters(sets, d, config.slots or 0)
     elif kind == "static":
-        total += 3 * loops
+        total += 3 * sets
     elif kind == "dynamic":
-        total += loops * (3 * d + 3)
+        total += sets * (3 * d + 3)
     return total
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mesh_model.depth import MESH_ROUTERS, check_loop_rule
 from mesh_model.errors import ConfigError, did_you_mean
 from mesh_model.layout import Layout
 from mesh_model.mesh_router import RouterOptions
@@ -67,6 +68,9 @@ PRESETS: dict[str, Preset] = {
 MOE_PRESET_FIELDS = ("moe_experts", "moe_top_k", "moe_hidden")
 MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_hidden", "moe_layers", "moe_aux_coef", "moe_z_coef")
 MESH_ROUTER_FIELDS = tuple(RouterOptions.FIELDS.values())
+# The loop-count settings (mesh_model/depth.py) at the values that build and run the model as it
+# always was: left out of to_dict (and so of a run's hash) there.
+DEPTH_DEFAULTS: dict[str, Any] = {"max_loops": None, "loop_rule": "last", "mesh_routers": "per_step"}
 MOE_LAYERS_FORMS = (
     "use 'all', a stride n >= 1 (the blocks whose index % n == n-1) or a list of block indices; blocks "
     "are numbered over the distinct blocks, prelude first, then each core, then the coda"
@@ -117,6 +121,13 @@ class ModelConfig:
     resolved into :attr:`router_options`); at their defaults they leave the model and its dict (and
     so a run's hash) as they were before they existed, and only ``scheme=mesh`` may set them.
 
+    Loop count (:mod:`mesh_model.depth`): ``max_loops`` builds per-step parameters (MeSH's routers,
+    the static/dynamic coefficients) for that many core steps instead of K (>= K; sampled-K
+    training up to a cap); ``loop_rule`` (``last`` or ``cycle``) says which of them a pass of
+    another loop count uses; ``mesh_routers=shared`` gives MeSH one write/read pair for the
+    transition and one for every core step, whatever the loop count. At their defaults they are
+    left out of :meth:`to_dict`, so a run's hash is what it was before they existed.
+
     ``moe_layers`` indexes the distinct blocks in the order they are built: the prelude's
     blocks 0..P-1, then each core's blocks, then the coda's (``1+2R2+1``: prelude 0, core 1-2,
     coda 3; a vanilla layout's blocks are its layers). A shared core's block is one module, so
@@ -149,6 +160,9 @@ class ModelConfig:
     mesh_router_temperature: float = 1.0
     mesh_router_z_coef: float = 0.0
     mesh_final_read: str = "read"
+    max_loops: int | None = None
+    loop_rule: str = "last"
+    mesh_routers: str = "per_step"
     preset: str | None = None
     parsed_layout: Layout = field(init=False, repr=False, compare=False)
     scheme_spec: SchemeSpec = field(init=False, repr=False, compare=False)
@@ -178,6 +192,23 @@ class ModelConfig:
             )
         object.__setattr__(self, "moe", self._resolve_moe())
         object.__setattr__(self, "router_options", self._resolve_router())
+        self._check_depth()
+
+    def _check_depth(self) -> None:
+        layout, kind = self.parsed_layout, self.scheme_spec.kind
+        check_loop_rule(self.loop_rule)
+        if self.mesh_routers not in MESH_ROUTERS:
+            raise ConfigError("mesh_routers", self.mesh_routers, f"use one of {', '.join(MESH_ROUTERS)}")
+        if self.mesh_routers != "per_step" and kind != "mesh":
+            raise ConfigError("mesh_routers", self.mesh_routers, f"only scheme=mesh has routers (scheme={self.scheme})")
+        if self.max_loops is None:
+            return
+        if layout.is_vanilla or len(layout.cores) != 1:
+            raise ConfigError(
+                "max_loops", self.max_loops, f"layout {layout.text!r} has no single looped core; use a P+CRK+Q layout"
+            )
+        if isinstance(self.max_loops, bool) or not isinstance(self.max_loops, int) or self.max_loops < layout.loops:
+            raise ConfigError("max_loops", self.max_loops, f"an integer >= the layout's K={layout.loops} (null: K)")
 
     def _resolve_router(self) -> RouterOptions:
         options = RouterOptions(**{name: getattr(self, f) for name, f in RouterOptions.FIELDS.items()})
@@ -302,6 +333,19 @@ class ModelConfig:
         return "vanilla" if self.parsed_layout.is_vanilla else self.scheme
 
     @property
+    def parameter_loops(self) -> int:
+        """The core steps that have parameters of their own (mesh_model/depth.py): 1 for MeSH's
+        shared routers, else ``max_loops`` or K."""
+        if self.mesh_routers == "shared":
+            return 1
+        return self.max_loops if self.max_loops is not None else self.loops
+
+    @property
+    def loopable(self) -> bool:
+        """True when the core can run another number of times than K: one core, shared weights."""
+        return len(self.parsed_layout.cores) == 1
+
+    @property
     def slots(self) -> int | None:
         """MeSH's resolved B: ``buffer_slots``, or K+3 when left unset; None for other schemes."""
         if self.scheme_spec.kind != "mesh":
@@ -316,15 +360,20 @@ class ModelConfig:
     def vanilla(self) -> ModelConfig:
         """The compute-matched vanilla model: same shape, ``compute_depth`` plain layers."""
         defaults = {f: getattr(RouterOptions, name) for name, f in RouterOptions.FIELDS.items()}
+        defaults.update(DEPTH_DEFAULTS)
         return self.replace(layout=str(self.compute_depth), scheme="base", buffer_slots=None, **defaults)
 
     def to_dict(self) -> dict[str, Any]:
         """The init fields, ``ModelConfig(**to_dict())`` rebuilds the config. The ``moe_*`` fields
         appear resolved (``moe_top_k=None`` and ``moe_top_k=2`` are one model) and only when MoE is
         on, so a dense config's dict (and a run's hash, experiments/identity.py) is what it was
-        before MoE existed. MeSH's router options likewise appear only when set away from their defaults."""
+        before MoE existed. MeSH's router options and the loop-count settings likewise appear only when
+        set away from their defaults."""
         values = {f: getattr(self, f) for f in _FIELD_NAMES if f not in MOE_FIELDS and f not in MESH_ROUTER_FIELDS}
         values.update(self.router_options.changed)
+        for name, default in DEPTH_DEFAULTS.items():
+            if values[name] == default:
+                del values[name]
         if self.moe is not None:
             moe = self.moe
             given = self.moe_layers if self.moe_layers is not None else "all"

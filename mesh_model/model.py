@@ -7,6 +7,7 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from mesh_model.config import ModelConfig
+from mesh_model.depth import Depth, TokenExit, step_parameters
+from mesh_model.errors import ConfigError
 from mesh_model.init import SeededInit
 from mesh_model.layers import Block, Stack, rotary_tables
 from mesh_model.loss import IGNORE_INDEX, linear_cross_entropy, shifted_targets
@@ -54,6 +57,7 @@ class ModelOutput:
     aux_z: Tensor | None = None
     mesh_z: Tensor | None = None
     routing: dict[str, BlockRouting] | None = None
+    loops_used: Tensor | None = None  # (N, L) core steps each token ran, with a per-token exit
 
 
 class MeshTransformer(nn.Module):
@@ -100,7 +104,13 @@ class MeshTransformer(nn.Module):
         self.state_passing: StatePassing | None = None
         if not layout.is_vanilla:
             self.state_passing = build_state_passing(
-                config.scheme_spec, layout.loops, d, config.slots, config.init_std, mesh_buffer, config.router_options
+                config.scheme_spec,
+                config.parameter_loops,
+                d,
+                config.slots,
+                config.init_std,
+                mesh_buffer,
+                config.router_options,
             )
         self.core_schedule = layout.core_schedule
         self.embedding_scale = math.sqrt(d) if config.scale_embeddings else 1.0
@@ -161,12 +171,14 @@ class MeshTransformer(nn.Module):
         return_hidden_states: bool = False,
         return_logits: bool = True,
         return_routing: bool = False,
+        depth: Depth | None = None,
     ) -> ModelOutput:
         """``labels`` (same shape as ``input_ids``, -100 ignored) give the shifted next-token loss.
         With ``return_logits=False`` and labels, the loss comes from the hidden states in chunks
         (:mod:`mesh_model.loss`) and the full logits are never formed: the training path.
         ``return_hidden_states`` also returns each core iteration's output (``core_outputs``);
-        ``return_routing`` the MoE blocks' routing statistics (off in training: they cost)."""
+        ``return_routing`` the MoE blocks' routing statistics (off in training: they cost).
+        ``depth`` runs another loop count, truncated backprop or a per-token exit (mesh_model/depth.py)."""
         seq_len = input_ids.shape[1]
         if seq_len > self.config.max_seq_len:
             raise ValueError(f"input length {seq_len} exceeds max_seq_len={self.config.max_seq_len}")
@@ -184,18 +196,30 @@ class MeshTransformer(nn.Module):
         if return_hidden_states:
             stages["embedding"], stages["prelude"] = h_emb, h
 
+        loops_used = None
         if self.state_passing is not None:
+            depth = depth or Depth()
+            schedule = self.loop_schedule(depth.loops)
+            rule, sets, last = depth.rule or self.config.loop_rule, self.config.parameter_loops, len(schedule) - 1
+            grad_from = len(schedule) - depth.grad_loops if depth.grad_loops is not None else 0
+            grad = torch.is_grad_enabled()
             state = self.state_passing.begin(h_emb, h)
+            exiting = TokenExit(depth.exit, state.h, partial(self._readout, rope=rope)) if depth.exit else None
             if return_hidden_states:
                 stages["h0"] = state.h
-            for t, core_index in enumerate(self.core_schedule):
-                core_out, routed = self._run_core(core_index, state.h, rope, return_routing)
-                calls += zip(self._routed_names[f"cores.{core_index}"], routed, strict=True)
-                state = self.state_passing.step(t, core_out, state)
+            for t, core_index in enumerate(schedule):
+                with torch.set_grad_enabled(grad and t >= grad_from):  # truncated backprop
+                    core_out, routed = self._run_core(core_index, state.h, rope, return_routing)
+                    calls += zip(self._routed_names[f"cores.{core_index}"], routed, strict=True)
+                    previous, state.final = state.h, t == last
+                    state = self.state_passing.step(step_parameters(t, len(schedule), sets, rule), core_out, state)
+                    if exiting is not None:
+                        state.h = exiting.update(previous, state.h)
                 if return_hidden_states:
                     core_outputs[f"f{t + 1}"], stages[f"h{t + 1}"] = core_out, state.h
             h = self.state_passing.end(state)
             mesh_z = self.state_passing.z_loss(state)
+            loops_used = exiting.used if exiting is not None else None
 
         h, routed = self._run_stack("coda", h, rope, return_routing)
         calls += zip(self._routed_names["coda"], routed, strict=True)
@@ -208,6 +232,7 @@ class MeshTransformer(nn.Module):
                 mesh_z=mesh_z, aux_loss=mesh_z if extras.get("aux_loss") is None else extras["aux_loss"] + mesh_z
             )
         extras.update(
+            loops_used=loops_used,
             hidden_states=stages if return_hidden_states else None,
             core_outputs=core_outputs if return_hidden_states else None,
         )
@@ -221,6 +246,25 @@ class MeshTransformer(nn.Module):
                 logits.reshape(-1, logits.shape[-1]).float(), shifted_targets(labels), ignore_index=IGNORE_INDEX
             )
         return ModelOutput(logits=logits, loss=loss, **extras)
+
+    def loop_schedule(self, loops: int | None = None) -> tuple[int, ...]:
+        """The core index of every step of a pass of ``loops`` core steps (None: the layout's K).
+        Only a layout with one core (``P+CRK+Q``) runs another count; any other refuses in one line."""
+        if loops is None or loops == len(self.core_schedule):
+            return self.core_schedule
+        if not self.config.loopable:
+            raise ConfigError(
+                "loops",
+                loops,
+                f"layout {self.config.layout!r} has no single shared-weight core to loop again; "
+                "only P+CRK+Q layouts run another loop count",
+            )
+        return (0,) * loops
+
+    def _readout(self, h: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """Log-probabilities the coda and head give for state ``h`` (a per-token exit's ``output`` criterion)."""
+        out, _ = self._run_stack("coda", h, rope, False)
+        return F.log_softmax(self.embed_out(self.final_layer_norm(out)).float(), dim=-1)
 
     def _run_core(
         self, core_index: int, h: Tensor, rope: tuple[Tensor, Tensor], stats: bool

@@ -46,11 +46,14 @@ from mesh_model.scheme_names import (  # re-exported: the names were defined her
 @dataclass
 class LoopState:
     """What every scheme carries between steps: the current state ``h`` = h(t), shape (N, L, D),
-    the embedding output h_emb and h(0). A scheme that keeps more subclasses it (``MeshState``)."""
+    the embedding output h_emb and h(0). A scheme that keeps more subclasses it (``MeshState``).
+    ``final`` is True during the pass's last core step (the model sets it): MeSH's
+    ``final_read=residual`` acts there, whatever the loop count (mesh_model/depth.py)."""
 
     h: Tensor
     h_emb: Tensor
     h0: Tensor
+    final: bool = False
 
 
 class StatePassing(nn.Module):
@@ -207,9 +210,9 @@ class MeSH(StatePassing):
             state.z_losses.append(routing.z_loss())
         return routing.write, routing.read
 
-    def _final(self, index: int, value: Tensor, h: Tensor) -> Tensor:
-        """The read, plus the written core output on the last step under ``final_read=residual``."""
-        if index == self.loops and index > 0 and self.router.final_read == "residual":
+    def _final(self, value: Tensor, h: Tensor, state: LoopState) -> Tensor:
+        """The read, plus the written core output on the pass's last step under ``final_read=residual``."""
+        if state.final and self.router.final_read == "residual":
             return h + value
         return h
 
@@ -222,7 +225,7 @@ class MeSH(StatePassing):
         h = state.h_emb * read[..., 0:1]
         for s, v in enumerate(state.written):
             h = h.addcmul(v, coefficients[..., s : s + 1])
-        return self._final(index, value, h)
+        return self._final(value, h, state)
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> MeshState:
         state = MeshState(h=h_prelude, h_emb=h_emb, h0=h_prelude)
@@ -263,7 +266,7 @@ class MeSHExplicitBuffer(MeSH):
     ) -> Tensor:
         write, read = self._routed(index, h_in, state)  # type: ignore[arg-type]
         state.buffer = state.buffer + write.movedim(-1, 0).unsqueeze(-1) * value
-        return self._final(index, value, (state.buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0))
+        return self._final(value, (state.buffer * read.movedim(-1, 0).unsqueeze(-1)).sum(0), state)
 
     def begin(self, h_emb: Tensor, h_prelude: Tensor) -> ExplicitBufferState:  # type: ignore[override]
         # the buffer starts as [h_emb, 0, ..., 0]
@@ -295,7 +298,8 @@ def build_state_passing(
     mesh_buffer: str = "lean",
     router: RouterOptions = DEFAULT_ROUTER,
 ) -> StatePassing:
-    """The one place a scheme name becomes behaviour. ``mesh_buffer`` picks MeSH's form,
+    """The one place a scheme name becomes behaviour. ``loops`` is the number of core steps with
+    parameters of their own (``ModelConfig.parameter_loops``); ``mesh_buffer`` picks MeSH's form,
     ``router`` its routers' open choices (:mod:`mesh_model.mesh_router`)."""
     check_mesh_buffer(mesh_buffer)
     if spec.kind in ("base", "fixed"):

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from mesh_model.depth import step_parameters
 from mesh_model.mesh_router import Routing
 from mesh_model.model import MeshTransformer
 from mesh_model.schemes import DynamicCombination, FixedSum, MeSH, StaticCombination
@@ -44,8 +45,17 @@ def mesh_routings(model: MeshTransformer, hidden_states: Mapping[str, Tensor]) -
     scheme = model.state_passing
     if not isinstance(scheme, MeSH):
         raise TypeError(f"mesh_routings needs a MeSH model, not {type(scheme).__name__}")
-    inputs = [hidden_states["prelude"], *(hidden_states[f"h{t}"] for t in range(scheme.loops))]
-    return [scheme.routing(i, h) for i, h in enumerate(inputs)]
+    loops = len(model.core_schedule)
+    inputs = [hidden_states["prelude"], *(hidden_states[f"h{t}"] for t in range(loops))]
+    routers = [0, *(i + 1 for i in parameter_sets(model))]
+    return [scheme.routing(i, h) for i, h in zip(routers, inputs, strict=True)]
+
+
+def parameter_sets(model: MeshTransformer) -> list[int]:
+    """The parameter set each of the pass's K core steps uses (mesh_model/depth.py): 0 .. K-1, unless
+    parameters were built for more steps (``max_loops``) or shared (MeSH's ``mesh_routers=shared``)."""
+    loops, config = len(model.core_schedule), model.config
+    return [step_parameters(t, loops, config.parameter_loops, config.loop_rule) for t in range(loops)]
 
 
 def state_coefficients(model: MeshTransformer, hidden_states: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -67,8 +77,8 @@ def state_coefficients(model: MeshTransformer, hidden_states: Mapping[str, Tenso
 
     h0 = unit(1)
     states, c = {"h0": h0}, h0
-    for t in range(loops):
-        core, res, anchor, emb = _step_weights(scheme, t, hidden_states[f"h{t}"])
+    for t, index in enumerate(parameter_sets(model)):
+        core, res, anchor, emb = _step_weights(scheme, index, hidden_states[f"h{t}"])
         c = core * unit(2 + t) + res * c + anchor * h0 + emb * unit(0)
         states[f"h{t + 1}"] = c
     assert all(v.shape[-1] == sources for v in states.values())
@@ -124,4 +134,12 @@ def reconstruct(
     return out
 
 
-__all__ = ["mesh_coefficients", "mesh_routings", "reconstruct", "source_names", "state_coefficients", "state_names"]
+__all__ = [
+    "mesh_coefficients",
+    "mesh_routings",
+    "parameter_sets",
+    "reconstruct",
+    "source_names",
+    "state_coefficients",
+    "state_names",
+]

@@ -12,6 +12,7 @@ import pytest
 
 from experiments.config import OptimConfig, ProbeConfig, SearchConfig, TrackingConfig, TrainConfig, TrainerConfig
 from experiments.data.config import DataConfig
+from experiments.loops import LoopsConfig
 from mesh_model import ConfigError, ModelConfig
 from sweeps.grid import AutoSeeds
 from sweeps.launch.base import ResourcesConfig
@@ -171,6 +172,28 @@ CASES: list[tuple[type, str, Any, Any, str]] = [
         "mesh_router_z_coef",
     ),
     (ModelConfig, "mesh_final_read", "x", lambda v: check_model("mesh_final_read", v, **MESH), "mesh_final_read"),
+    # the loop count (mesh_model/depth.py, experiments/loops.py)
+    (ModelConfig, "max_loops", 1, lambda v: check_model("max_loops", v), "max_loops"),
+    (ModelConfig, "loop_rule", "first", lambda v: check_model("loop_rule", v), "loop_rule"),
+    (ModelConfig, "mesh_routers", "tied", lambda v: check_model("mesh_routers", v, **MESH), "mesh_routers"),
+    (LoopsConfig, "distribution", "normal", lambda v: check_run("loops", "distribution", v), "loops.distribution"),
+    (
+        LoopsConfig,
+        "mean",
+        1,
+        lambda v: check_run("loops", "mean", v, distribution="poisson_lognormal", max=6),
+        "loops.mean",
+    ),
+    (
+        LoopsConfig,
+        "sigma",
+        0,
+        lambda v: check_run("loops", "sigma", v, distribution="poisson_lognormal", mean=2, max=6),
+        "loops.sigma",
+    ),
+    (LoopsConfig, "min", 0, lambda v: check_run("loops", "min", v, distribution="uniform", max=3), "loops.min"),
+    (LoopsConfig, "max", 0, lambda v: check_run("loops", "max", v, distribution="uniform"), "loops.max"),
+    (LoopsConfig, "backprop", 0, lambda v: check_run("loops", "backprop", v), "loops.backprop"),
     # a grid's launch settings
     (LaunchConfig, "seeds", [-1], lambda v: check_launch(None, "seeds", v), "seeds"),
     (
@@ -252,12 +275,12 @@ CASES: list[tuple[type, str, Any, Any, str]] = [
 ]
 SCHEMAS = (
     TrainConfig, TrainerConfig, OptimConfig, TrackingConfig, ProbeConfig, SearchConfig, DataConfig, ModelConfig,
-    LaunchConfig, ResourcesConfig, *LAUNCHERS.values(), AutoSeeds,
+    LoopsConfig, LaunchConfig, ResourcesConfig, *LAUNCHERS.values(), AutoSeeds,
 )  # fmt: skip
 # Fields with no range to leave: free text, switches, nested groups, what a run is told by its
 # launcher, and ModelConfig's derived (init=False) fields and preset name.
 UNRANGED = {
-    "TrainConfig": {"model_overrides", "data", "trainer", "optim", "tracking", "probes", "search"},
+    "TrainConfig": {"model_overrides", "data", "trainer", "optim", "loops", "tracking", "probes", "search"},
     "TrainerConfig": {"strategy"},
     "TrackingConfig": {"tracking_uri", "run_name", "parent_run_id", "sweep", "tags"},
     "SearchConfig": {"params", "templates", "study_name", "storage"},

@@ -174,7 +174,8 @@ def test_mesh_buffer_starts_with_embedding_in_slot_zero_and_routers_see_the_ente
 
 
 def test_only_mesh_carries_more_than_the_shared_loop_state(ids):
-    assert [f.name for f in dataclasses.fields(schemes.LoopState)] == ["h", "h_emb", "h0"]
+    # final: set by the model during the pass's last core step (mesh_model/depth.py)
+    assert [f.name for f in dataclasses.fields(schemes.LoopState)] == ["h", "h_emb", "h0", "final"]
     h_emb, h_prelude = torch.randn(2, 2, 12, 64).unbind(0)
     for scheme in ("base", "residual+anchor", "static", "dynamic"):
         model = build_model(ModelConfig.from_preset("tiny", scheme=scheme))

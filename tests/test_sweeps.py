@@ -57,6 +57,11 @@ EXPECTED_GRIDS = {
     "nonshared": {"layout": ["1+2+2+1", "1+2R2+1"], "scheme": ["base", "mesh"]},
     "moe": {"scheme": ["vanilla", "base", "anchor", "mesh"]},  # at tiny-moe (tests/test_moe_training.py)
     "lr": {"scheme": ["vanilla", "base", "anchor_emb", "mesh"], "optim.lr": ["0.001", "0.002", "0.004", "0.008"]},
+    "depth": {
+        "scheme": ["base", "anchor", "anchor_emb", "mesh"],
+        "loops": ["fixed", "poisson_lognormal"],
+        "seed": ["200", "201", "202"],
+    },
     "mesh_open_choices": {
         "arm": [
             "mesh",

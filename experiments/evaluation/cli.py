@@ -3,6 +3,8 @@
 mesh-eval runs/mesh/<run key>                            # perplexity + the paper's 9 tasks at 0 and 5 shots
 mesh-eval runs/mesh/<run key> --tasks local --limit 20   # offline: the small tasks shipped here
 mesh-eval --run <MLflow run id> --tracking-uri sqlite:///runs/mlflow.db --tasks piqa,sciq --shots 0
+mesh-eval runs/mesh/<run key> --loops 1,2,3,4,6,8       # validation PPL at other loop counts (docs/depth.md)
+mesh-eval runs/mesh/<run key> --exit state,output        # per-token exit: PPL against loops used per token
 """
 
 from __future__ import annotations
@@ -39,6 +41,21 @@ def _shots(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of integers") from None
 
 
+def _loops(value: str) -> list[int]:
+    """``--loops`` alone: [] (the default 1..4K); else integers, checked by ``DepthSettings.check``."""
+    try:
+        return [int(item) for item in _csv(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of loop counts") from None
+
+
+def _floats(value: str) -> list[float]:
+    try:
+        return [float(item) for item in _csv(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of numbers") from None
+
+
 def parser() -> argparse.ArgumentParser:
     suites = "; ".join(f"{name} = {','.join(tasks)}" for name, tasks in SUITES.items())
     p = parser_for("mesh-eval", __doc__, parser_class=_Parser)
@@ -66,6 +83,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-iters", type=int, default=1000, help="lm-eval's bootstrap for stderrs (default 1000)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
     p.add_argument("--output", help="write the report JSON here (default: <run dir>/eval/)")
+    p.add_argument(
+        "--loops",
+        type=_loops,
+        nargs="?",
+        const=[],
+        help="test-time loop counts, e.g. 1,2,3,4,6,8 (alone: 1 to 4K): validation loss and PPL at each, logged as "
+        "depth/<set>/ppl at MLflow step K'; runs instead of perplexity and tasks (docs/depth.md)",
+    )
+    p.add_argument(
+        "--rule", type=_csv, default=["last", "cycle"], help="MeSH's router rules past K (default last,cycle)"
+    )
+    p.add_argument("--exit", type=_csv, default=[], help="per-token exit criteria: state, output (docs/depth.md)")
+    p.add_argument(
+        "--exit-eps", type=_floats, default=None, help="exit thresholds (default 0,0.001,0.003,0.01,0.03,0.1)"
+    )
+    p.add_argument(
+        "--exit-loops", type=int, help="the most core steps a token runs under --exit (default: the run's K)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="lm-eval's, Lightning's and MLflow's INFO logging")
     return p
 
@@ -118,12 +153,36 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.checkpoints import RunInputError  # torch: only past --help
     from experiments.evaluation.evaluate import evaluate
 
+    if args.loops is not None or args.exit:
+        return depth_main(args)
     try:
         report = evaluate(settings_from(args))
     except (RunInputError, TaskError, TrackingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(summary(report))
+    return 0
+
+
+def depth_main(args: argparse.Namespace) -> int:
+    """``--loops`` / ``--exit``: the depth curve and the exit curves (experiments/evaluation/depth.py)."""
+    from experiments.checkpoints import RunInputError
+    from experiments.evaluation.depth import DEFAULT_EPS, DepthSettings, depth_summary, run_depth
+    from experiments.evaluation.evaluate import resolve_target
+
+    eps = list(DEFAULT_EPS) if args.exit_eps is None else args.exit_eps
+    depth = DepthSettings(loops=args.loops, rules=args.rule, exit=args.exit, exit_eps=eps, exit_loops=args.exit_loops)
+    try:
+        depth.check()
+        target = resolve_target(settings_from(args))
+        import torch
+
+        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        report = run_depth(target, depth, device, mlflow=not args.no_mlflow)
+    except (RunInputError, TrackingError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(depth_summary(report))
     return 0
 
 
