@@ -138,6 +138,46 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tm
     assert 0 < round(timing["steps_per_s"] * (timing["steps_s"] + timing["between_steps_s"])) <= 20
 
 
+def damage_inside(path: Path) -> None:
+    """Random bytes inside the largest entry of a checkpoint's archive: same size, the zip
+    directory intact, so the file opens and torch loads it without a word."""
+    import random
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entry = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    middle = entry.header_offset + 30 + len(entry.filename) + entry.file_size // 2
+    data[middle : middle + 256] = random.Random(0).randbytes(256)
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_whose_bytes_changed_is_named_and_the_run_resumes_from_an_older_one(tmp_path, uninterrupted):
+    """Before digests, such a last.ckpt loaded: NaNs in AdamW's state, "diverged at step 24"."""
+    process = start(tmp_path)
+    wait_for(tmp_path, "checkpoints/step20.ckpt", process)
+    code, _ = stop(process, signal.SIGKILL, after=0.2)
+    assert code == -signal.SIGKILL
+    last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    (older,) = last.parent.glob("step*.ckpt")  # step20.ckpt, or step30.ckpt on a fast machine
+    size = last.stat().st_size
+    damage_inside(last)
+    assert last.stat().st_size == size
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    damaged = [line for line in again.stderr.splitlines() if "damaged" in line]
+    assert damaged == [
+        f"[mesh-train] {last} is damaged (its bytes do not match the sha256 in last.ckpt.sha256); trying an older one"
+    ]
+    assert f"[mesh-train] resuming from {older}" in again.stderr.splitlines()
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+    names = sorted(p.name for p in last.parent.iterdir())
+    assert names == ["last.ckpt", "last.ckpt.sha256", "step40.ckpt", "step40.ckpt.sha256"]
+    for name in ("last.ckpt", "step40.ckpt"):  # sha256sum's own format: `sha256sum -c` checks it by hand
+        checked = subprocess.run(["sha256sum", "-c", f"{name}.sha256"], cwd=last.parent, capture_output=True, text=True)
+        assert checked.returncode == 0 and checked.stdout == f"{name}: OK\n"
+
+
 def test_a_run_killed_after_its_last_checkpoint_ends_on_the_rerun_with_its_validation_and_probes(tmp_path):
     """Killed between the last step's checkpoint and result.json (a grid killed at its end): the
     rerun resumes at max_steps, where Lightning trains nothing and validates nothing; it still
