@@ -117,6 +117,19 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
         assert "MeSH coefficients" in line and "allow_large=true" in line
 
 
+@pytest.mark.parametrize("name", ["../../escaped", "{tmp}/escaped", "a/../../escaped", "."])
+def test_an_experiment_name_that_would_leave_runs_dir_is_refused_in_one_line(tmp_path, name):
+    """Before: the run folder and MLflow's artifacts were written at runs_dir/../../escaped."""
+    runs_dir = tmp_path / "deep" / "runs"
+    experiment = name.format(tmp=tmp_path)
+    done = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", f"tracking.experiment={experiment}", tmp=tmp_path)
+    line = assert_refused(
+        done, f"tracking.experiment={experiment!r} is invalid: it names the folder", tmp_path, runs_dir
+    )
+    assert "runs_dir" in line
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "deep" / "escaped").exists()
+
+
 def test_a_refusal_does_not_import_lightning(tmp_path):
     """A fresh process refused on a bad value has loaded neither Lightning nor MLflow: the refusal
     costs the config's checks, not the training stack's imports."""
