@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.store.sqlite import is_opened_read_only
 from results import collect, curves, plots, publish, render, routing, tables
 from results.aggregate import Results, aggregate
 from results.claims import Evaluation
@@ -109,7 +110,7 @@ def build_report(
     output = output.moved_to(out)
     known = collect.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
-    if publish_to_parents:
+    if publish_to_parents and not is_opened_read_only(tracking_uri):  # a read-only store is only read
         lines = [*render.quote_lines(opening)[1:], *([""] if opening else []), *ranking(results, output.evaluations)]
         done = publish.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines)
         output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder

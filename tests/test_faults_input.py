@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -220,6 +221,65 @@ def test_a_read_only_runs_dir_is_refused_before_hydra_writes_there(tmp_path, whe
     line = assert_refused(done, f"runs_dir='{runs_dir}' is invalid", tmp_path, runs_dir)
     assert "not writable" in line
     assert list(locked.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> Path:
+    """A store of one finished run with a metric, as prepare_sqlite_store leaves it (WAL mode)."""
+    import mlflow
+
+    from experiments.store.sqlite import forget_engine, prepare_sqlite_store
+
+    db = tmp_path_factory.mktemp("read-only") / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    prepare_sqlite_store(uri)
+    client = mlflow.MlflowClient(uri)
+    run = client.create_run(client.create_experiment("kept"), run_name="kept-run", tags={"scheme": "mesh"})
+    client.log_metric(run.info.run_id, "val_loss", 4.5, step=10)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    forget_engine(uri)
+    return db
+
+
+def test_a_read_only_store_is_read_by_mesh_results_and_refused_as_read_only_by_mesh_train(small_store, tmp_path):
+    """Before: both said "the MLflow store ... is damaged (unable to open database file)"."""
+    folder = tmp_path / "store"
+    shutil.copytree(small_store.parent, folder)
+    before = sorted(p.name for p in folder.iterdir())
+    prefix = read_only_prefix(folder)
+    try:
+        env = tool_env(tmp_path)
+        out = tmp_path / "report"
+        done = run_process(
+            "mesh-results", "kept", "--runs-dir", str(folder), "--out", str(out), env=env, cwd=tmp_path, prefix=prefix
+        )
+        assert done.returncode == 0, done.stderr
+        assert "damaged" not in done.stderr
+        said = [line for line in done.stderr.splitlines() if "read-only" in line]
+        assert said == [
+            f"[mesh] the MLflow store {folder / 'mlflow.db'} is read-only ({READ_ONLY}): read as it is, nothing written to it"
+        ]
+        assert "1 runs (1 finished) -> 1 rows" in done.stdout
+        uri = f"sqlite:///{folder / 'mlflow.db'}"
+        train = run_process(
+            "mesh-train",
+            *FAST,
+            f"runs_dir={tmp_path / 'runs'}",
+            f"tracking.tracking_uri={uri}",
+            env=env,
+            cwd=tmp_path,
+            prefix=prefix,
+        )
+    finally:
+        folder.chmod(0o755)
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written beside the store either
+    line = assert_refused(train, "the MLflow store", tmp_path, tmp_path / "runs")
+    assert f"is read-only ({READ_ONLY}); this command writes to it" in line and "damaged" not in line
+
+
+READ_ONLY = (
+    "its filesystem is mounted read-only" if os.geteuid() == 0 else "no write permission on the file or its folder"
+)
 
 
 @pytest.mark.parametrize(

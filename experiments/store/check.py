@@ -37,6 +37,8 @@ from experiments.store.sqlite import (
     is_being_created,
     is_not_a_database,
     read_one,
+    read_only_line,
+    read_only_reason,
     sqlite_path,
 )
 from mesh_model.errors import ConfigError
@@ -169,6 +171,8 @@ def _check_sqlite(uri: str, path: Path) -> None:
         raise TrackingError(
             f"tracking_uri={uri!r} names a folder; give the database file, e.g. sqlite:///runs/mlflow.db"
         )
+    if (read_only := read_only_reason(path)) is not None:  # an existing store: not "damaged", not "not writable"
+        raise TrackingError(read_only_line(path, read_only))
     folder = _nearest_existing(path.parent)
     if not folder.is_dir():
         raise TrackingError(f"tracking_uri={uri!r} cannot be created: {str(folder)!r} is a file, not a folder")
