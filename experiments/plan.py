@@ -70,6 +70,8 @@ class RunPlan:
     memory: MemoryEstimate  # one training step's estimate, per process
     budget: StepBudget  # the global batch, accumulation, steps and tokens
     alone: bool = False  # on an accelerator or several processes (DDP): never packed with other runs
+    # the sha256 of a tokenizer other than the one its config's runs used (experiments/train.py)
+    tokenizer_fork: str | None = None
 
     @property
     def config(self) -> dict[str, Any]:
