@@ -209,10 +209,13 @@ def _train(plan: RunPlan, started: float, prepared: PreparedData) -> dict[str, A
         result = _result(plan, trainer, val_names[0], record)  # a failure here marks the run FAILED too
     except BaseException as error:
         stop = _stopped(error, trainer)
+        full = _disk_full_error(plan, error) if stop is None else None
         if record is not None:
-            _record_stop(record, error, stop, trainer.global_step if trainer is not None else 0)
+            _record_stop(record, full or error, stop, trainer.global_step if trainer is not None else 0)
         if stop is not None:
             raise stop from None
+        if full is not None:
+            raise full from None
         raise
     if record is not None:
         result["timing"] = asdict(timing := timer.finish())
@@ -221,6 +224,19 @@ def _train(plan: RunPlan, started: float, prepared: PreparedData) -> dict[str, A
         with atomic_path(plan.result_file) as partial:  # its presence means finished: never half-written
             partial.write_text(json.dumps(result, indent=2))
     return result
+
+
+def _disk_full_error(plan: RunPlan, error: BaseException) -> BaseException | None:
+    """The one-line :class:`~experiments.callbacks.checkpointing.DiskFull` for a disk that filled
+    while the run logged to MLflow or wrote its files (a checkpoint has its own,
+    :class:`~experiments.callbacks.checkpointing.NoSpaceLeft`); None for any other error."""
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft, disk_full
+    from experiments.store.sqlite import sqlite_path
+
+    if isinstance(error, NoSpaceLeft) or not disk_full(error):
+        return None
+    store = sqlite_path(plan.tracking_uri)
+    return DiskFull([p for p in (store, plan.run_dir) if p is not None], plan.checkpoint_dir, store)
 
 
 def _end_without_training(trainer: Any, module: Any, datamodule: Any, callbacks: list[Any]) -> None:
@@ -248,7 +264,7 @@ class Terminated(SystemExit):
 def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | None, step: int) -> None:
     """KILLED with the reason for a deliberate stop (Ctrl-C, SIGTERM, a pruned trial), else FAILED;
     a divergence or a full disk has its one line as the ``error`` tag (``diverged at step N: ...``)."""
-    from experiments.callbacks.checkpointing import NoSpaceLeft
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft
     from experiments.callbacks.divergence import Diverged
 
     if isinstance(stop, KeyboardInterrupt):
@@ -257,7 +273,7 @@ def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | 
         record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
     elif is_pruned(error):
         record.mark_killed("pruned", f"{type(error).__name__}: {error}")
-    elif isinstance(error, Diverged | NoSpaceLeft):
+    elif isinstance(error, Diverged | NoSpaceLeft | DiskFull):
         record.mark_failed(error, str(error))
     else:
         record.mark_failed(error)
@@ -271,10 +287,10 @@ def is_pruned(error: BaseException) -> bool:
 
 def _is_run_failure(error: BaseException) -> bool:
     """A divergence or a full disk: a failure with its own one-line answer (no traceback)."""
-    from experiments.callbacks.checkpointing import NoSpaceLeft
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft
     from experiments.callbacks.divergence import Diverged
 
-    return isinstance(error, Diverged | NoSpaceLeft)
+    return isinstance(error, Diverged | NoSpaceLeft | DiskFull)
 
 
 def _stopped(error: BaseException, trainer: Any) -> BaseException | None:

@@ -9,6 +9,7 @@ same run left uninterrupted, with no step logged twice.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -407,6 +408,43 @@ def test_a_store_whose_creation_hit_a_full_disk_is_rebuilt_on_the_next_start(tmp
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
         shutil.rmtree(disk, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
+def test_a_disk_that_fills_while_metrics_are_logged_says_so_in_one_line_and_the_rerun_resumes(tmp_path, uninterrupted):
+    """Before: about 160 lines of MLflow's and Hydra's tracebacks, no line of our own."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
+    try:
+        store = f"tracking.tracking_uri=sqlite:///{disk / 'mlflow.db'}"
+        process = start(tmp_path, store)
+        wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+        with (disk / "filler").open("wb") as filler, contextlib.suppress(OSError):  # the store's disk fills
+            while True:
+                filler.write(bytes(1 << 16))
+                filler.flush()
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1, err
+        said = [line for line in err.splitlines() if line.strip() and "[mesh-train] step" not in line]
+        assert len(said) == 1, err
+        (line,) = said
+        assert line.startswith(f"error: no space left on the filesystem at {disk} (")
+        assert "kept checkpoint step " in line and f"the MLflow store {disk / 'mlflow.db'} keeps every value" in line
+        assert line.endswith(
+            "freed space lets the same command resume from step " + line.split("kept checkpoint step ")[1].split()[0]
+        )
+        (disk / "filler").unlink()
+        again = run(tmp_path, store)
+        assert again.returncode == 0, again.stderr
+        assert "[mesh-train] resuming from " in again.stderr
+        client = mlflow.MlflowClient(f"sqlite:///{disk / 'mlflow.db'}")
+        run_id = (run_dir(tmp_path) / "mlflow_run_id").read_text().strip()
+        assert client.get_run(run_id).info.status == "FINISHED"
+        for key in HISTORIES:  # nothing lost, nothing twice
+            assert [(m.step, m.value) for m in client.get_metric_history(run_id, key)] == uninterrupted[key], key
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_run_stopped_just_after_a_validation_logs_the_next_training_step_on_resume(tmp_path, monkeypatch):

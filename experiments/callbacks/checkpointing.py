@@ -260,3 +260,84 @@ def newest_intact_checkpoint(checkpoint_dir: Path) -> Path | None:
     if candidates:
         print(f"[mesh-train] no intact checkpoint in {checkpoint_dir}; training from step 0", file=sys.stderr)
     return None
+
+
+# SQLite's result code and message for a full disk (SQLITE_FULL), as MLflow and SQLAlchemy wrap it.
+SQLITE_FULL = 13
+FULL_TEXTS = ("database or disk is full", "No space left on device", "Disk quota exceeded")
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` (anywhere along its causes: MLflow's, SQLAlchemy's, sqlite3's, an
+    ``OSError``) says a disk filled up."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if is_no_space(error) or getattr(error, "sqlite_errorcode", None) == SQLITE_FULL:
+            return True
+        if any(text in str(error) for text in FULL_TEXTS):
+            return True
+        error = getattr(error, "orig", None) or error.__cause__ or error.__context__
+    return False
+
+
+class DiskFull(OSError):
+    """A disk filled while the run logged (metrics, params, artifacts) or wrote its files; the
+    message is one line naming the fullest filesystem the run writes to and what was kept."""
+
+    one_line = True
+
+    def __init__(self, paths: list[Path], checkpoint_dir: Path, store: Path | None) -> None:
+        mount, free = fullest_filesystem(paths)
+        kept = _kept_checkpoint(checkpoint_dir)
+        store_said = f"; the MLflow store {store} keeps every value logged before" if store is not None else ""
+        resume = f"resume from step {kept[0]}" if kept else "start again from step 0"
+        super().__init__(
+            errno.ENOSPC,
+            f"no space left on the filesystem at {mount} ({free} free) while the run logged or wrote its files: "
+            f"kept {f'checkpoint step {kept[0]} ({kept[1]})' if kept else 'no checkpoint'}{store_said}; "
+            f"freed space lets the same command {resume}",
+        )
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def fullest_filesystem(paths: list[Path]) -> tuple[str, str]:
+    """(mount point, free space) of the filesystem with the least free space among ``paths``'."""
+    found = []
+    for path in paths:
+        existing = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+        try:
+            stat = os.statvfs(existing)
+        except OSError:
+            continue
+        found.append((stat.f_bavail * stat.f_frsize, _mount_point(existing)))
+    if not found:
+        return "?", "unknown"
+    free, mount = min(found)
+    return str(mount), f"{free // 1024} KiB" if free < 1 << 20 else f"{free >> 20} MiB"
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    device = path.stat().st_dev
+    while path.parent != path and path.parent.stat().st_dev == device:
+        path = path.parent
+    return path
+
+
+def _kept_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest intact checkpoint, found without a word."""
+    import torch
+
+    if not checkpoint_dir.is_dir():
+        return None
+    for path in sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        if checkpoint_damage(path) is None:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception:
+                continue
+            return int(state.get("global_step", 0)), path
+    return None
