@@ -56,6 +56,23 @@ def cluster() -> list[str]:
     return partitions()
 
 
+DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "mariadbd", "munged")
+
+
+def test_the_cluster_listens_on_loopback_only(cluster):
+    """Before: slurmctld, slurmd and slurmdbd listened on 0.0.0.0 (ports 6817-6819)."""
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    ours = {}
+    for line in listening:
+        name = re.search(r'users:\(\("([^"]+)"', line)
+        if name and name.group(1) in DAEMONS:
+            ours.setdefault(name.group(1), []).append(line.split()[3])  # local address:port
+    assert {"slurmctld", "slurmd", "slurmdbd"} <= set(ours), listening
+    for daemon, addresses in ours.items():
+        for address in addresses:
+            assert address.rsplit(":", 1)[0] in ("127.0.0.1", "[::1]"), (daemon, address)
+
+
 @pytest.fixture
 def cell(grid_cell_overrides):
     """A grid cell (conftest's GRID_CELL, no probes) of ``steps`` steps that logs every step (so a
