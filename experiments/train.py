@@ -230,7 +230,8 @@ def _disk_full_error(plan: RunPlan, error: BaseException) -> BaseException | Non
     """The one-line :class:`~experiments.callbacks.checkpointing.DiskFull` for a disk that filled
     while the run logged to MLflow or wrote its files (a checkpoint has its own,
     :class:`~experiments.callbacks.checkpointing.NoSpaceLeft`); None for any other error."""
-    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft, disk_full
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft
+    from experiments.disk import disk_full
     from experiments.store.sqlite import sqlite_path
 
     if isinstance(error, NoSpaceLeft) or not disk_full(error):

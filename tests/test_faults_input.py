@@ -11,6 +11,7 @@ machine (a refusal has taken 32 s there). Cases that start servers are marked sl
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import shutil
@@ -275,6 +276,40 @@ def test_a_read_only_store_is_read_by_mesh_results_and_refused_as_read_only_by_m
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing written beside the store either
     line = assert_refused(train, "the MLflow store", tmp_path, tmp_path / "runs")
     assert f"is read-only ({READ_ONLY}); this command writes to it" in line and "damaged" not in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
+def test_a_disk_that_fills_while_mesh_results_writes_says_so_in_one_line_and_keeps_the_old_report(
+    small_store, tmp_path
+):
+    """Before: pandas' or matplotlib's traceback, "No space left on device" at its end."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        out = disk / "report"
+        out.mkdir()
+        (out / "report.md").write_text("the report of yesterday\n")
+        with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
+            while True:
+                filler.write(bytes(4096))
+                filler.flush()
+        args = ("kept", "--runs-dir", str(small_store.parent), "--out", str(out))
+        done = run_process("mesh-results", *args, env=tool_env(tmp_path), cwd=tmp_path)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"error: no space left on the filesystem at {disk} (")
+        assert lines[0].endswith(
+            f"while writing the report to {out}: {out} is as it was; freed space lets the same command write it"
+        )
+        assert [p.name for p in out.iterdir()] == ["report.md"]
+        assert (out / "report.md").read_text() == "the report of yesterday\n"
+        (disk / "filler").unlink()
+        again = run_process("mesh-results", *args, env=tool_env(tmp_path), cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert "the report of yesterday" not in (out / "report.md").read_text()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 READ_ONLY = (

@@ -420,7 +420,10 @@ def test_a_disk_that_fills_while_metrics_are_logged_says_so_in_one_line_and_the_
         store = f"tracking.tracking_uri=sqlite:///{disk / 'mlflow.db'}"
         process = start(tmp_path, store)
         wait_for(tmp_path, "checkpoints/step10.ckpt", process)
-        with (disk / "filler").open("wb") as filler, contextlib.suppress(OSError):  # the store's disk fills
+        with (
+            contextlib.suppress(OSError),
+            (disk / "filler").open("wb", buffering=0) as filler,
+        ):  # the store's disk fills
             while True:
                 filler.write(bytes(1 << 16))
                 filler.flush()

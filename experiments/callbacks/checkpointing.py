@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.checkpoint_digest import checkpoint_damage, digest_path, file_digest
+from experiments.disk import fullest_filesystem
 
 
 class NoSpaceLeft(OSError):
@@ -262,25 +263,6 @@ def newest_intact_checkpoint(checkpoint_dir: Path) -> Path | None:
     return None
 
 
-# SQLite's result code and message for a full disk (SQLITE_FULL), as MLflow and SQLAlchemy wrap it.
-SQLITE_FULL = 13
-FULL_TEXTS = ("database or disk is full", "No space left on device", "Disk quota exceeded")
-
-
-def disk_full(error: BaseException | None) -> bool:
-    """Whether ``error`` (anywhere along its causes: MLflow's, SQLAlchemy's, sqlite3's, an
-    ``OSError``) says a disk filled up."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if is_no_space(error) or getattr(error, "sqlite_errorcode", None) == SQLITE_FULL:
-            return True
-        if any(text in str(error) for text in FULL_TEXTS):
-            return True
-        error = getattr(error, "orig", None) or error.__cause__ or error.__context__
-    return False
-
-
 class DiskFull(OSError):
     """A disk filled while the run logged (metrics, params, artifacts) or wrote its files; the
     message is one line naming the fullest filesystem the run writes to and what was kept."""
@@ -301,30 +283,6 @@ class DiskFull(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
-
-
-def fullest_filesystem(paths: list[Path]) -> tuple[str, str]:
-    """(mount point, free space) of the filesystem with the least free space among ``paths``'."""
-    found = []
-    for path in paths:
-        existing = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
-        try:
-            stat = os.statvfs(existing)
-        except OSError:
-            continue
-        found.append((stat.f_bavail * stat.f_frsize, _mount_point(existing)))
-    if not found:
-        return "?", "unknown"
-    free, mount = min(found)
-    return str(mount), f"{free // 1024} KiB" if free < 1 << 20 else f"{free >> 20} MiB"
-
-
-def _mount_point(path: Path) -> Path:
-    path = path.resolve()
-    device = path.stat().st_dev
-    while path.parent != path and path.parent.stat().st_dev == device:
-        path = path.parent
-    return path
 
 
 def _kept_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:
