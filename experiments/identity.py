@@ -194,6 +194,7 @@ TOKENIZER_TAG = "tokenizer_sha256"
 TOKEN_CACHE_TAG = "token_cache"
 ROW_HASH_TAG = "row_hash"  # the config hash at seed 0: the same for every seed of a table row
 TOKENIZER_PARAM = "data.tokenizer_sha256"
+TOKENIZER_FORK_TAG = "tokenizer_fork"  # on a run set apart by its tokenizer: that tokenizer's sha256
 TOKENIZER_RECORD = "tokenizer.sha256"  # in the run's folder: the tokenizer it was trained with
 
 

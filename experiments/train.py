@@ -110,7 +110,7 @@ def _row_tokenizers(plan: RunPlan) -> set[str]:
     experiment that were not themselves set apart by their tokenizer."""
     import mlflow
 
-    from experiments.identity import ROW_HASH_TAG, TOKENIZER_TAG
+    from experiments.identity import ROW_HASH_TAG, TOKENIZER_FORK_TAG, TOKENIZER_TAG
     from experiments.store.sqlite import sqlite_path
 
     path = sqlite_path(plan.tracking_uri)
@@ -129,7 +129,7 @@ def _row_tokenizers(plan: RunPlan) -> set[str]:
     return {
         r.data.tags[TOKENIZER_TAG]
         for r in found
-        if TOKENIZER_TAG in r.data.tags and "tokenizer_fork" not in r.data.tags
+        if TOKENIZER_TAG in r.data.tags and TOKENIZER_FORK_TAG not in r.data.tags
     }
 
 
@@ -326,7 +326,7 @@ def _open_record(plan: RunPlan, model_config: ModelConfig, prepared: PreparedDat
     ``tracking.run_name`` is set, tagged with its coordinates and what it computes from: its
     tokenizer's and token cache's digests, and its row's hash (see :func:`_other_tokenizer`)."""
     from experiments.data.prepare import TOKEN_FORMAT
-    from experiments.identity import ROW_HASH_TAG, TOKEN_CACHE_TAG, TOKENIZER_TAG, run_name
+    from experiments.identity import ROW_HASH_TAG, TOKEN_CACHE_TAG, TOKENIZER_FORK_TAG, TOKENIZER_TAG, run_name
     from experiments.tracking import RunRecord
 
     tags = {
@@ -348,7 +348,7 @@ def _open_record(plan: RunPlan, model_config: ModelConfig, prepared: PreparedDat
             prepared.identity, plan.data.val_fraction, prepared.tokenizer.identity, TOKEN_FORMAT
         )
     if plan.tokenizer_fork:
-        tags["tokenizer_fork"] = plan.tokenizer_fork
+        tags[TOKENIZER_FORK_TAG] = plan.tokenizer_fork
     tracking = plan.train.tracking
     if tracking.sweep:
         tags["sweep"] = tracking.sweep
