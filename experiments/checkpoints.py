@@ -58,7 +58,12 @@ def locate(target: str | os.PathLike[str]) -> RunFiles:
 
 
 def load_model(checkpoint: str | os.PathLike[str], device: str | torch.device = "cpu") -> tuple[MeshTransformer, int]:
-    """The ``MeshTransformer`` of a ``MeshLitModule`` checkpoint (in eval mode) and its global step."""
+    """The ``MeshTransformer`` of a ``MeshLitModule`` checkpoint (in eval mode) and its global step;
+    a checkpoint whose bytes differ from its saved digest is refused in one line, never loaded."""
+    from experiments.checkpoint_digest import checkpoint_damage
+
+    if Path(checkpoint).is_file() and (damage := checkpoint_damage(Path(checkpoint))) is not None:
+        raise RunInputError(f"{checkpoint} is damaged ({damage}); use an older checkpoint of the run")
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises several kinds for a file that is not a checkpoint

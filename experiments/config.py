@@ -149,6 +149,21 @@ class OptimConfig:
         return float(lr) if lr is not None else preset_lr
 
 
+def path_escape(name: str) -> str | None:
+    """Why ``name``, a name that becomes a folder under ``runs_dir``, would not stay a folder
+    inside it (an absolute path, a ``..`` part, ``.``), or None when it does."""
+    if "\x00" in name:
+        return "a NUL character cannot be in a file name"
+    if name.startswith("/"):
+        return "an absolute path would leave runs_dir; give a plain name such as 'mesh'"
+    parts = name.split("/")
+    if ".." in parts:
+        return "'..' would leave runs_dir; give a plain name such as 'mesh'"
+    if any(part in ("", ".") for part in parts):
+        return "an empty or '.' part names runs_dir itself; give a plain name such as 'mesh'"
+    return None
+
+
 @dataclass
 class TrackingConfig:
     """MLflow. ``tracking_uri`` null: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<runs_dir>/mlflow.db``."""
@@ -164,6 +179,10 @@ class TrackingConfig:
     def validate(self) -> None:
         if not self.experiment:
             raise ConfigError("tracking.experiment", self.experiment, "give an experiment name")
+        if (escape := path_escape(self.experiment)) is not None:
+            raise ConfigError(
+                "tracking.experiment", self.experiment, f"it names the folder <runs_dir>/<experiment>, and {escape}"
+            )
 
 
 @dataclass

@@ -68,6 +68,9 @@ def quiet_libraries(level: str | None = None) -> None:
     for logger in LIBRARY_LOGGERS:
         if logger in sys.modules:  # each logger is named after its package
             logging.getLogger(logger).setLevel(numeric)
+    # MLflow logs a database error with its traceback at ERROR, then raises it: the raised error is
+    # answered (a full disk, a damaged store: one line), its copy in the log is left to -v.
+    logging.getLogger(MLFLOW_DB_LOGGER).setLevel(numeric if numeric <= logging.INFO else logging.CRITICAL)
     if numeric > logging.INFO:
         warnings.filterwarnings("ignore", message=SRUN_HINT)
     else:
@@ -75,6 +78,7 @@ def quiet_libraries(level: str | None = None) -> None:
 
 
 _USER_MLFLOW_LEVEL = "MLFLOW_LOGGING_LEVEL" in os.environ
+MLFLOW_DB_LOGGER = "mlflow.store.db.utils"
 
 
 def take_verbose_flag(argv: list[str]) -> list[str]:

@@ -188,3 +188,24 @@ def model_params(model_config: ModelConfig) -> dict[str, str]:
     slots = str(model_config.slots) if model_config.slots is not None else ""
     fields = {**model_config.to_dict(), "scheme": model_config.variant, "buffer_slots": slots}
     return {"buffer_slots": slots, **{f"model_config.{key}": str(value) for key, value in fields.items()}}
+
+
+# A run's tokenizer, by content (experiments/train.py): tags on every run, and a param where it
+# sets the run apart from the runs of its config that used another tokenizer.
+TOKENIZER_TAG = "tokenizer_sha256"
+TOKEN_CACHE_TAG = "token_cache"
+ROW_HASH_TAG = "row_hash"  # the config hash at seed 0: the same for every seed of a table row
+TOKENIZER_PARAM = "data.tokenizer_sha256"
+TOKENIZER_FORK_TAG = "tokenizer_fork"  # on a run set apart by its tokenizer: that tokenizer's sha256
+TOKENIZER_RECORD = "tokenizer.sha256"  # in the run's folder: the tokenizer it was trained with
+
+
+def tokenizer_digest(serialized: str) -> str:
+    """The sha256 of a tokenizer's content (its tokenizers JSON)."""
+    return hashlib.sha256(serialized.encode()).hexdigest()
+
+
+def tokenizer_hash(config_hash_: str, digest: str) -> str:
+    """The hash of a run of config hash ``config_hash_`` trained with a tokenizer (sha256 ``digest``)
+    other than the one the runs of that config used: never the same as theirs."""
+    return hashlib.sha256(f"{config_hash_}:{digest}".encode()).hexdigest()[:12]

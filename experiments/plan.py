@@ -27,8 +27,8 @@ from experiments.hardware import (
     runs_on_accelerator,
 )
 from experiments.identity import config_hash, model_config_for, run_key, run_key_suffix
-from experiments.store.check import check_runs_dir, check_tracking_uri
-from experiments.store.sqlite import resolve_tracking_uri
+from experiments.store.check import check_runs_dir, check_tracking_uri, is_reading_only
+from experiments.store.sqlite import check_store_intact, reading_uri, resolve_tracking_uri
 from mesh_model import PRESETS, ConfigError, ModelConfig
 
 if TYPE_CHECKING:  # torch is imported when a plan is made, not when a CLI starts
@@ -70,6 +70,8 @@ class RunPlan:
     memory: MemoryEstimate  # one training step's estimate, per process
     budget: StepBudget  # the global batch, accumulation, steps and tokens
     alone: bool = False  # on an accelerator or several processes (DDP): never packed with other runs
+    # the sha256 of a tokenizer other than the one its config's runs used (experiments/train.py)
+    tokenizer_fork: str | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -132,7 +134,11 @@ def plan_run(cfg: DictConfig, memory: MemoryLimit | None = None) -> RunPlan:
     check_runs_dir(train.runs_dir)
     runs_dir = Path(train.runs_dir).expanduser().resolve()
     tracking_uri = resolve_tracking_uri(train.tracking.tracking_uri, runs_dir, os.environ)
-    check_tracking_uri(tracking_uri, allow_damaged=train.tracking.rebuild_store)
+    if is_reading_only() and (reading := reading_uri(tracking_uri)) != tracking_uri:
+        tracking_uri = reading  # a store that cannot be written, opened read-only
+        check_store_intact(tracking_uri)
+    else:
+        check_tracking_uri(tracking_uri, allow_damaged=train.tracking.rebuild_store)
     digest = config_hash(train.to_dict(), model_config)
     return RunPlan(
         train=train,

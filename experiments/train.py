@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,16 +51,94 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     quiet_libraries(getattr(cfg, "log_level", None))
     plan = plan_run(cfg)
-    lock = RunLock(plan.run_dir) if launched_rank() == 0 else nullcontext()
-    with lock:
+    started = time.perf_counter()
+    with ExitStack() as locks:
+        if launched_rank() == 0:
+            locks.enter_context(RunLock(plan.run_dir))
+        prepared = _prepare_data(plan)
+        if (other := _other_tokenizer(plan, prepared)) is not None:  # another run: its own hash and folder
+            plan = other
+            if launched_rank() == 0:
+                locks.enter_context(RunLock(plan.run_dir))
         if plan.train.resume and plan.result_file.exists():
             print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
             return json.loads(plan.result_file.read_text())
         if launched_rank() == 0:
             _say_other_lengths(plan)
-        started = time.perf_counter()
         with isolated_tracking_uri():
-            return _train(plan, started)
+            return _train(plan, started, prepared)
+
+
+def _other_tokenizer(plan: RunPlan, prepared: PreparedData) -> RunPlan | None:
+    """``plan`` as another run when its tokenizer's content differs from the one its config's runs
+    used: the tokenizer recorded in its run folder (the same command, after the cached tokenizer
+    changed), or by the runs of its table row (any seed) in the store. Its hash then takes the
+    tokenizer's digest (:func:`~experiments.identity.tokenizer_hash`), so the two never share a
+    config hash, a folder or a results row (the run logs the param ``data.tokenizer_sha256``)."""
+    import dataclasses
+
+    from experiments.identity import TOKENIZER_RECORD, tokenizer_hash
+    from experiments.plan import run_dir_for
+
+    digest = _tokenizer_digest(prepared)
+    if digest is None:
+        return None
+    record = plan.run_dir / TOKENIZER_RECORD
+    recorded = record.read_text().strip() if record.is_file() else None
+    used = {recorded} if recorded else _row_tokenizers(plan)
+    if not used or digest in used:
+        return None
+    forked = tokenizer_hash(plan.config_hash, digest)
+    run_dir = run_dir_for(plan.run_dir.parent, plan.model_config, plan.train.seed, forked)
+    print(
+        f"[mesh-train] the tokenizer (sha256 {digest[:12]}) is not the one runs of config {plan.config_hash} used "
+        f"(sha256 {', '.join(sorted(u[:12] for u in used))}): another run, config hash {forked}, in {run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return dataclasses.replace(plan, config_hash=forked, run_dir=run_dir, tokenizer_fork=digest)
+
+
+def _tokenizer_digest(prepared: PreparedData) -> str | None:
+    from experiments.identity import tokenizer_digest
+
+    return None if prepared.tokenizer is None else tokenizer_digest(prepared.tokenizer.backend.to_str())
+
+
+def _row_tokenizers(plan: RunPlan) -> set[str]:
+    """The tokenizer digests of the runs of ``plan``'s row (same config at any seed) in its
+    experiment that were not themselves set apart by their tokenizer."""
+    import mlflow
+
+    from experiments.identity import ROW_HASH_TAG, TOKENIZER_FORK_TAG, TOKENIZER_TAG
+    from experiments.store.sqlite import sqlite_path
+
+    path = sqlite_path(plan.tracking_uri)
+    if path is not None and not path.is_file():
+        return set()
+    try:
+        client = mlflow.MlflowClient(plan.tracking_uri)
+        experiment = client.get_experiment_by_name(plan.experiment)
+        if experiment is None:
+            return set()
+        found = client.search_runs(
+            [experiment.experiment_id], f"tags.{ROW_HASH_TAG} = '{_row_hash(plan)}'", max_results=1000
+        )
+    except Exception:  # the store's own checks answer later, in their one line
+        return set()
+    return {
+        r.data.tags[TOKENIZER_TAG]
+        for r in found
+        if TOKENIZER_TAG in r.data.tags and TOKENIZER_FORK_TAG not in r.data.tags
+    }
+
+
+def _row_hash(plan: RunPlan) -> str:
+    import dataclasses
+
+    from experiments.identity import config_hash
+
+    return config_hash(dataclasses.replace(plan.train, seed=0).to_dict(), plan.model_config)
 
 
 def _say_other_lengths(plan: RunPlan) -> None:
@@ -84,14 +162,14 @@ def _say_other_lengths(plan: RunPlan) -> None:
     )
 
 
-def _train(plan: RunPlan, started: float) -> dict[str, Any]:
+def _train(plan: RunPlan, started: float, prepared: PreparedData) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from experiments.data.cache import atomic_path
     from experiments.hardware import launched_rank
+    from experiments.identity import TOKENIZER_RECORD
     from experiments.plan import padded_vocab
 
-    prepared = _prepare_data(plan)
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning 2.6 on torch >= 2.10
     import lightning.pytorch as pl  # heavy imports only once the inputs are known to be good
 
@@ -104,7 +182,9 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
     model_config = plan.train.model_config(padded_vocab(prepared.vocab_size))
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.config)))
-    record = _open_record(plan, model_config) if launched_rank() == 0 else None  # rank 0 owns the run
+    if launched_rank() == 0 and (digest := _tokenizer_digest(prepared)) is not None:
+        (plan.run_dir / TOKENIZER_RECORD).write_text(f"{digest}\n")
+    record = _open_record(plan, model_config, prepared) if launched_rank() == 0 else None  # rank 0 owns the run
     resume_from = newest_intact_checkpoint(plan.checkpoint_dir) if plan.train.resume else None
     if resume_from is not None and launched_rank() == 0:  # Lightning's own line is hidden by default
         print(f"[mesh-train] resuming from {resume_from}", file=sys.stderr, flush=True)
@@ -129,10 +209,13 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         result = _result(plan, trainer, val_names[0], record)  # a failure here marks the run FAILED too
     except BaseException as error:
         stop = _stopped(error, trainer)
+        full = _disk_full_error(plan, error) if stop is None else None
         if record is not None:
-            _record_stop(record, error, stop, trainer.global_step if trainer is not None else 0)
+            _record_stop(record, full or error, stop, trainer.global_step if trainer is not None else 0)
         if stop is not None:
             raise stop from None
+        if full is not None:
+            raise full from None
         raise
     if record is not None:
         result["timing"] = asdict(timing := timer.finish())
@@ -141,6 +224,20 @@ def _train(plan: RunPlan, started: float) -> dict[str, Any]:
         with atomic_path(plan.result_file) as partial:  # its presence means finished: never half-written
             partial.write_text(json.dumps(result, indent=2))
     return result
+
+
+def _disk_full_error(plan: RunPlan, error: BaseException) -> BaseException | None:
+    """The one-line :class:`~experiments.callbacks.checkpointing.DiskFull` for a disk that filled
+    while the run logged to MLflow or wrote its files (a checkpoint has its own,
+    :class:`~experiments.callbacks.checkpointing.NoSpaceLeft`); None for any other error."""
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft
+    from experiments.disk import disk_full
+    from experiments.store.sqlite import sqlite_path
+
+    if isinstance(error, NoSpaceLeft) or not disk_full(error):
+        return None
+    store = sqlite_path(plan.tracking_uri)
+    return DiskFull([p for p in (store, plan.run_dir) if p is not None], plan.checkpoint_dir, store)
 
 
 def _end_without_training(trainer: Any, module: Any, datamodule: Any, callbacks: list[Any]) -> None:
@@ -168,7 +265,7 @@ class Terminated(SystemExit):
 def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | None, step: int) -> None:
     """KILLED with the reason for a deliberate stop (Ctrl-C, SIGTERM, a pruned trial), else FAILED;
     a divergence or a full disk has its one line as the ``error`` tag (``diverged at step N: ...``)."""
-    from experiments.callbacks.checkpointing import NoSpaceLeft
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft
     from experiments.callbacks.divergence import Diverged
 
     if isinstance(stop, KeyboardInterrupt):
@@ -177,7 +274,7 @@ def _record_stop(record: RunRecord, error: BaseException, stop: BaseException | 
         record.mark_killed("terminated", f"SIGTERM at step {step}; run the same command to resume")
     elif is_pruned(error):
         record.mark_killed("pruned", f"{type(error).__name__}: {error}")
-    elif isinstance(error, Diverged | NoSpaceLeft):
+    elif isinstance(error, Diverged | NoSpaceLeft | DiskFull):
         record.mark_failed(error, str(error))
     else:
         record.mark_failed(error)
@@ -191,10 +288,10 @@ def is_pruned(error: BaseException) -> bool:
 
 def _is_run_failure(error: BaseException) -> bool:
     """A divergence or a full disk: a failure with its own one-line answer (no traceback)."""
-    from experiments.callbacks.checkpointing import NoSpaceLeft
+    from experiments.callbacks.checkpointing import DiskFull, NoSpaceLeft
     from experiments.callbacks.divergence import Diverged
 
-    return isinstance(error, Diverged | NoSpaceLeft)
+    return isinstance(error, Diverged | NoSpaceLeft | DiskFull)
 
 
 def _stopped(error: BaseException, trainer: Any) -> BaseException | None:
@@ -224,10 +321,12 @@ def _prepare_data(plan: RunPlan):
         raise InputError(str(error).splitlines()[0] if str(error) else repr(error)) from None
 
 
-def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
+def _open_record(plan: RunPlan, model_config: ModelConfig, prepared: PreparedData) -> RunRecord:
     """The run's MLflow run, named by :func:`~experiments.identity.run_name` unless
-    ``tracking.run_name`` is set, tagged with its coordinates."""
-    from experiments.identity import run_name
+    ``tracking.run_name`` is set, tagged with its coordinates and what it computes from: its
+    tokenizer's and token cache's digests, and its row's hash (see :func:`_other_tokenizer`)."""
+    from experiments.data.prepare import TOKEN_FORMAT
+    from experiments.identity import ROW_HASH_TAG, TOKEN_CACHE_TAG, TOKENIZER_FORK_TAG, TOKENIZER_TAG, run_name
     from experiments.tracking import RunRecord
 
     tags = {
@@ -239,7 +338,17 @@ def _open_record(plan: RunPlan, model_config: ModelConfig) -> RunRecord:
         "config_hash": plan.config_hash,
         "git_commit": commit(full=True),
         "run_dir": str(plan.run_dir),
+        ROW_HASH_TAG: _row_hash(plan),
     }
+    if (digest := _tokenizer_digest(prepared)) is not None and prepared.tokenizer is not None:
+        from experiments.data.cache import digest as cache_key
+
+        tags[TOKENIZER_TAG] = digest
+        tags[TOKEN_CACHE_TAG] = cache_key(
+            prepared.identity, plan.data.val_fraction, prepared.tokenizer.identity, TOKEN_FORMAT
+        )
+    if plan.tokenizer_fork:
+        tags[TOKENIZER_FORK_TAG] = plan.tokenizer_fork
     tracking = plan.train.tracking
     if tracking.sweep:
         tags["sweep"] = tracking.sweep
@@ -274,6 +383,10 @@ def _run_facts(plan: RunPlan, model_config: ModelConfig, model: Any, prepared: P
     params = flatten(plan.config)
     params.update(model_params(model_config))
     params.update(config_hash=plan.config_hash, peak_lr=str(plan.peak_lr), val_names=str(val_names))
+    if plan.tokenizer_fork:  # a param: it sets the run's row apart from its config's other tokenizer
+        from experiments.identity import TOKENIZER_PARAM
+
+        params[TOKENIZER_PARAM] = plan.tokenizer_fork
     if plan.data.replace_invalid_utf8:
         replaced = prepared.total_replacement_chars
         params["data.replacement_chars"] = "unknown" if replaced is None else str(replaced)

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.store.sqlite import is_opened_read_only
 from results.publish import parents
 from results.publish.folder import REPORT, report_folder
 from results.render import formats, plots, tables
@@ -109,7 +110,7 @@ def build_report(
     output = output.moved_to(out)
     known = store.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
-    if publish_to_parents:
+    if publish_to_parents and not is_opened_read_only(tracking_uri):  # a read-only store is only read
         lines = [*formats.quote_lines(opening)[1:], *([""] if opening else []), *ranking(results, output.evaluations)]
         done = parents.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines)
         output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder

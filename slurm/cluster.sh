@@ -54,6 +54,18 @@ detached() { # detached COMMAND...: run it with nothing of ours open but /dev/nu
 	)
 }
 
+loopback_name() { # this machine's name resolves to a loopback address (what NoInAddrAny binds)
+	[[ $(getent ahostsv4 "$(hostname)" | awk 'NR == 1 { print $1 }') == 127.* ]]
+}
+
+daemon() { # daemon COMMAND...: detached, bound to 127.0.0.1 (slurm.conf.in: NoInAddrAny)
+	if loopback_name; then
+		detached "$@"
+	else # its own host name, localhost, in a UTS namespace of its own
+		detached unshare --uts sh -c 'hostname localhost && exec "$@"' sh "$@"
+	fi
+}
+
 munge_works() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 node_state() { sinfo -h -n localhost -o %T 2>/dev/null | head -1; }
 node_ready() { [[ $(node_state) =~ ^(idle|mixed|allocated)$ ]]; }
@@ -145,14 +157,14 @@ start_mariadb() {
 }
 
 start_slurm() {
-	alive "$RUN/slurmdbd.pid" || detached slurmdbd
+	alive "$RUN/slurmdbd.pid" || daemon slurmdbd
 	wait_until 120 slurmdbd sacctmgr -n list cluster
 	if ! sacctmgr -n -P list cluster format=Cluster | grep -qx mesh; then
 		sacctmgr -i add cluster mesh >/dev/null
 	fi
-	alive "$RUN/slurmctld.pid" || detached slurmctld
+	alive "$RUN/slurmctld.pid" || daemon slurmctld
 	wait_until 60 slurmctld scontrol ping
-	alive "$RUN/slurmd.pid" || detached slurmd -N localhost
+	alive "$RUN/slurmd.pid" || daemon slurmd -N localhost
 	wait_until 60 "the node" sinfo -h -n localhost -o %T
 	# A node left down or drained by an earlier stop (a killed slurmd) is put back in service.
 	if [[ $(node_state) =~ ^(down|drain|drained|draining|unknown)\*?$ ]]; then

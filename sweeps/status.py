@@ -39,7 +39,8 @@ from typing import Any, TextIO
 
 from experiments.locks import RunLock
 from experiments.plan import RunPlan
-from experiments.store.sqlite import peek_run
+from experiments.store.check import reading_only
+from experiments.store.sqlite import is_opened_read_only, peek_run
 from experiments.tracking import STOP_TAGS, RunRecord
 from sweeps.cells import FAILED, FINISHED, INTERRUPTED, NOT_STARTED, PENDING, RUNNING, Cell, CellOutcome
 from sweeps.closing import GridEnd, close_run, conclude
@@ -188,7 +189,9 @@ def _read_cell(s: CellState, client: Any, by: str, cancelled: Collection[str]) -
         s.state = RUNNING
         return
     status = run.info.status if run is not None else None
-    if status == "RUNNING":
+    if status == "RUNNING" and is_opened_read_only(s.plan.tracking_uri):
+        s.state, s.note = RUNNING, "as the read-only store says"
+    elif status == "RUNNING":
         _settle(s, client, by, cancelled)
     elif status in ("FINISHED", "FAILED", "KILLED"):
         s.state = {"FINISHED": FINISHED, "FAILED": FAILED, "KILLED": INTERRUPTED}[status]
@@ -315,8 +318,13 @@ def _conclude(grid: Grid, parent: ParentRun, states: Sequence[CellState], cancel
 def grid_status(name: str, arguments: Sequence[str], out: TextIO | None = None) -> int:
     """``--status``: print where every cell stands (settling what needs it); 0."""
     out = out or sys.stdout
-    grid = find_grid(name, arguments)
+    with reading_only():  # --status reads a store it cannot write, settling nothing
+        grid = find_grid(name, arguments)
     states = survey_and_settle(grid, "mesh-sweep --status")
+    if is_opened_read_only(grid.tracking_uri):
+        show(grid, states, _ended_parent(grid) or "parent run as the read-only store says", out)
+        print("the store is read-only: runs whose process is gone are shown as it says, not settled", file=out)
+        return 0
     if (ended_parent := _ended_parent(grid)) is not None:  # nothing to close: MLflow is not opened
         show(grid, states, ended_parent, out)
         return 0

@@ -262,3 +262,40 @@ def test_invalid_utf8_past_the_first_kb_of_a_text_corpus_stops_it_unless_replace
     )
     run = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").get_run(result["run_id"])
     assert run.data.params["data.replacement_chars"] == str(invalid)
+
+
+def test_a_run_on_an_edited_tokenizer_is_another_run_with_its_own_hash_and_row(pristine, cache, tmp_path, compose_run):
+    """Before: the edited tokenizer (its digest rewritten with it) was adopted, the same command
+    answered "already finished" with the first run's numbers, and another seed joined its row."""
+    from experiments.data.cache import sha256_file
+    from experiments.identity import distinguishes_rows
+    from experiments.train import train
+
+    TOKENIZER_PARAM = "data.tokenizer_sha256"  # noqa: N806
+
+    def run(*extra: str) -> dict:
+        return train(compose_run(*RUN[1:], f"runs_dir={tmp_path / 'runs'}", *extra))
+
+    first = run()
+    tokenizer = one(cache, "tokenizers/bpe-shakespeare-2048-*") / "tokenizer.json"
+    spec = json.loads(tokenizer.read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = (token for token, index in vocab.items() if index in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids: every text encodes otherwise
+    tokenizer.write_text(json.dumps(spec))
+    tokenizer.with_name("tokenizer.json.sha256").write_text(sha256_file(tokenizer))
+    second = run()
+    assert second["run_id"] != first["run_id"] and second["run_dir"] != first["run_dir"]
+    assert run()["run_id"] == second["run_id"]  # the same command again: the edited tokenizer's run, finished
+    other_seed = run("seed=1")
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    runs = [client.get_run(r["run_id"]).data for r in (first, second, other_seed)]
+    hashes = [r.tags["config_hash"] for r in runs]
+    assert len(set(hashes)) == 3  # a seed has its own hash; the edited tokenizer's run does not share the first's
+    digests = [r.tags["tokenizer_sha256"] for r in runs]
+    assert digests[0] != digests[1] == digests[2]
+    assert runs[0].tags["token_cache"] != runs[1].tags["token_cache"]
+    # the edited tokenizer's runs carry its digest as a param: a results row of their own
+    assert TOKENIZER_PARAM not in runs[0].params and distinguishes_rows(TOKENIZER_PARAM)
+    assert runs[1].params[TOKENIZER_PARAM] == runs[2].params[TOKENIZER_PARAM] == digests[1]
+    assert (Path(first["run_dir"]) / "tokenizer.sha256").read_text().strip() == digests[0]

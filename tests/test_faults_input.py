@@ -11,8 +11,10 @@ machine (a refusal has taken 32 s there). Cases that start servers are marked sl
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -117,6 +119,19 @@ def test_mesh_train_refuses_bad_input_before_compute(tmp_path, overrides, field)
         assert "MeSH coefficients" in line and "allow_large=true" in line
 
 
+@pytest.mark.parametrize("name", ["../../escaped", "{tmp}/escaped", "a/../../escaped", "."])
+def test_an_experiment_name_that_would_leave_runs_dir_is_refused_in_one_line(tmp_path, name):
+    """Before: the run folder and MLflow's artifacts were written at runs_dir/../../escaped."""
+    runs_dir = tmp_path / "deep" / "runs"
+    experiment = name.format(tmp=tmp_path)
+    done = cli("mesh-train", *FAST, f"runs_dir={runs_dir}", f"tracking.experiment={experiment}", tmp=tmp_path)
+    line = assert_refused(
+        done, f"tracking.experiment={experiment!r} is invalid: it names the folder", tmp_path, runs_dir
+    )
+    assert "runs_dir" in line
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "deep" / "escaped").exists()
+
+
 def test_a_refusal_does_not_import_lightning(tmp_path):
     """A fresh process refused on a bad value has loaded neither Lightning nor MLflow: the refusal
     costs the config's checks, not the training stack's imports."""
@@ -207,6 +222,99 @@ def test_a_read_only_runs_dir_is_refused_before_hydra_writes_there(tmp_path, whe
     line = assert_refused(done, f"runs_dir='{runs_dir}' is invalid", tmp_path, runs_dir)
     assert "not writable" in line
     assert list(locked.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> Path:
+    """A store of one finished run with a metric, as prepare_sqlite_store leaves it (WAL mode)."""
+    import mlflow
+
+    from experiments.store.sqlite import forget_engine, prepare_sqlite_store
+
+    db = tmp_path_factory.mktemp("read-only") / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    prepare_sqlite_store(uri)
+    client = mlflow.MlflowClient(uri)
+    run = client.create_run(client.create_experiment("kept"), run_name="kept-run", tags={"scheme": "mesh"})
+    client.log_metric(run.info.run_id, "val_loss", 4.5, step=10)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    forget_engine(uri)
+    return db
+
+
+def test_a_read_only_store_is_read_by_mesh_results_and_refused_as_read_only_by_mesh_train(small_store, tmp_path):
+    """Before: both said "the MLflow store ... is damaged (unable to open database file)"."""
+    folder = tmp_path / "store"
+    shutil.copytree(small_store.parent, folder)
+    before = sorted(p.name for p in folder.iterdir())
+    prefix = read_only_prefix(folder)
+    try:
+        env = tool_env(tmp_path)
+        out = tmp_path / "report"
+        done = run_process(
+            "mesh-results", "kept", "--runs-dir", str(folder), "--out", str(out), env=env, cwd=tmp_path, prefix=prefix
+        )
+        assert done.returncode == 0, done.stderr
+        assert "damaged" not in done.stderr
+        said = [line for line in done.stderr.splitlines() if "read-only" in line]
+        assert said == [
+            f"[mesh] the MLflow store {folder / 'mlflow.db'} is read-only ({READ_ONLY}): read as it is, nothing written to it"
+        ]
+        assert "1 runs (1 finished) -> 1 rows" in done.stdout
+        uri = f"sqlite:///{folder / 'mlflow.db'}"
+        train = run_process(
+            "mesh-train",
+            *FAST,
+            f"runs_dir={tmp_path / 'runs'}",
+            f"tracking.tracking_uri={uri}",
+            env=env,
+            cwd=tmp_path,
+            prefix=prefix,
+        )
+    finally:
+        folder.chmod(0o755)
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written beside the store either
+    line = assert_refused(train, "the MLflow store", tmp_path, tmp_path / "runs")
+    assert f"is read-only ({READ_ONLY}); this command writes to it" in line and "damaged" not in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
+def test_a_disk_that_fills_while_mesh_results_writes_says_so_in_one_line_and_keeps_the_old_report(
+    small_store, tmp_path
+):
+    """Before: pandas' or matplotlib's traceback, "No space left on device" at its end."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        out = disk / "report"
+        out.mkdir()
+        (out / "report.md").write_text("the report of yesterday\n")
+        with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
+            while True:
+                filler.write(bytes(4096))
+                filler.flush()
+        args = ("kept", "--runs-dir", str(small_store.parent), "--out", str(out))
+        done = run_process("mesh-results", *args, env=tool_env(tmp_path), cwd=tmp_path)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"error: no space left on the filesystem at {disk} (")
+        assert lines[0].endswith(
+            f"while writing the report to {out}: {out} is as it was; freed space lets the same command write it"
+        )
+        assert [p.name for p in out.iterdir()] == ["report.md"]
+        assert (out / "report.md").read_text() == "the report of yesterday\n"
+        (disk / "filler").unlink()
+        again = run_process("mesh-results", *args, env=tool_env(tmp_path), cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert "the report of yesterday" not in (out / "report.md").read_text()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+READ_ONLY = (
+    "its filesystem is mounted read-only" if os.geteuid() == 0 else "no write permission on the file or its folder"
+)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ same run left uninterrupted, with no step logged twice.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -136,6 +137,46 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tm
     # steps/s counts the steps this process trained (those after step 20), not the global step's 40.
     timing = json.loads((run_dir(tmp_path) / "result.json").read_text())["timing"]
     assert 0 < round(timing["steps_per_s"] * (timing["steps_s"] + timing["between_steps_s"])) <= 20
+
+
+def damage_inside(path: Path) -> None:
+    """Random bytes inside the largest entry of a checkpoint's archive: same size, the zip
+    directory intact, so the file opens and torch loads it without a word."""
+    import random
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entry = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    middle = entry.header_offset + 30 + len(entry.filename) + entry.file_size // 2
+    data[middle : middle + 256] = random.Random(0).randbytes(256)
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_whose_bytes_changed_is_named_and_the_run_resumes_from_an_older_one(tmp_path, uninterrupted):
+    """Before digests, such a last.ckpt loaded: NaNs in AdamW's state, "diverged at step 24"."""
+    process = start(tmp_path)
+    wait_for(tmp_path, "checkpoints/step20.ckpt", process)
+    code, _ = stop(process, signal.SIGKILL, after=0.2)
+    assert code == -signal.SIGKILL
+    last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    (older,) = last.parent.glob("step*.ckpt")  # step20.ckpt, or step30.ckpt on a fast machine
+    size = last.stat().st_size
+    damage_inside(last)
+    assert last.stat().st_size == size
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    damaged = [line for line in again.stderr.splitlines() if "damaged" in line]
+    assert damaged == [
+        f"[mesh-train] {last} is damaged (its bytes do not match the sha256 in last.ckpt.sha256); trying an older one"
+    ]
+    assert f"[mesh-train] resuming from {older}" in again.stderr.splitlines()
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+    names = sorted(p.name for p in last.parent.iterdir())
+    assert names == ["last.ckpt", "last.ckpt.sha256", "step40.ckpt", "step40.ckpt.sha256"]
+    for name in ("last.ckpt", "step40.ckpt"):  # sha256sum's own format: `sha256sum -c` checks it by hand
+        checked = subprocess.run(["sha256sum", "-c", f"{name}.sha256"], cwd=last.parent, capture_output=True, text=True)
+        assert checked.returncode == 0 and checked.stdout == f"{name}: OK\n"
 
 
 def test_a_run_killed_after_its_last_checkpoint_ends_on_the_rerun_with_its_validation_and_probes(tmp_path):
@@ -367,6 +408,46 @@ def test_a_store_whose_creation_hit_a_full_disk_is_rebuilt_on_the_next_start(tmp
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
         shutil.rmtree(disk, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
+def test_a_disk_that_fills_while_metrics_are_logged_says_so_in_one_line_and_the_rerun_resumes(tmp_path, uninterrupted):
+    """Before: about 160 lines of MLflow's and Hydra's tracebacks, no line of our own."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
+    try:
+        store = f"tracking.tracking_uri=sqlite:///{disk / 'mlflow.db'}"
+        process = start(tmp_path, store)
+        wait_for(tmp_path, "checkpoints/step10.ckpt", process)
+        with (
+            contextlib.suppress(OSError),
+            (disk / "filler").open("wb", buffering=0) as filler,
+        ):  # the store's disk fills
+            while True:
+                filler.write(bytes(1 << 16))
+                filler.flush()
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1, err
+        said = [line for line in err.splitlines() if line.strip() and "[mesh-train] step" not in line]
+        assert len(said) == 1, err
+        (line,) = said
+        assert line.startswith(f"error: no space left on the filesystem at {disk} (")
+        assert "kept checkpoint step " in line and f"the MLflow store {disk / 'mlflow.db'} keeps every value" in line
+        assert line.endswith(
+            "freed space lets the same command resume from step " + line.split("kept checkpoint step ")[1].split()[0]
+        )
+        (disk / "filler").unlink()
+        again = run(tmp_path, store)
+        assert again.returncode == 0, again.stderr
+        assert "[mesh-train] resuming from " in again.stderr
+        client = mlflow.MlflowClient(f"sqlite:///{disk / 'mlflow.db'}")
+        run_id = (run_dir(tmp_path) / "mlflow_run_id").read_text().strip()
+        assert client.get_run(run_id).info.status == "FINISHED"
+        for key in HISTORIES:  # nothing lost, nothing twice
+            assert [(m.step, m.value) for m in client.get_metric_history(run_id, key)] == uninterrupted[key], key
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_run_stopped_just_after_a_validation_logs_the_next_training_step_on_resume(tmp_path, monkeypatch):

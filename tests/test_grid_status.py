@@ -284,3 +284,34 @@ def test_status_of_a_finished_grid_reads_its_files_without_mlflow_or_torch_dynam
     out = status_in_a_new_process()
     assert "imported: mlflow" in out.splitlines()[-1], out
     assert client.get_run(parents[0].info.run_id).info.status == "FINISHED"  # closed again: every cell ended
+
+
+@pytest.mark.slow
+def test_status_reads_a_grid_whose_store_and_runs_dir_are_read_only(tmp_path, grid_cell_overrides):
+    """Before: refused, "runs_dir=... is invalid: the folder is not writable" (and the store called
+    damaged): ``--status`` trains nothing and writes nothing it cannot."""
+    from test_faults_input import read_only_prefix
+
+    runs = tmp_path / "runs"
+    args = [*GRID, *grid_cell_overrides("probes.enabled=false"), f"runs_dir={runs}"]
+    assert run_sweep(args[0], args[1:]) == 0
+    client, parents, _ = store(runs)
+    client.set_terminated(parents[0].info.run_id, "RUNNING")  # as a killed driver leaves it: --status would close it
+    mlflow.tracking._tracking_service.utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    before = sorted(str(p.relative_to(runs)) for p in runs.rglob("*"))
+    prefix = read_only_prefix(runs)
+    try:
+        done = subprocess.run(
+            [*prefix, str(BIN / "mesh-sweep"), *args, "--status"], cwd=tmp_path, env=environment(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        runs.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert "damaged" not in done.stderr and "not writable" not in done.stderr
+    assert "2 cells: 2 finished" in done.stdout, done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        "the store is read-only: runs whose process is gone are shown as it says, not settled"
+    )
+    assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == before
+    assert client.get_run(parents[0].info.run_id).info.status == "RUNNING"  # nothing written to the store

@@ -6,7 +6,7 @@ Tolerances. A rate from P paths has binomial SE sqrt(r(1-r)/P). The reference ra
 measured once on 8 x 500k = 4M paths (seeds 1000-1007, see REFERENCE_*), so their own SE is
 about 1/3 of the test's; a test asserts within 4 combined SEs (a one-in-16,000 miss for the
 normal approximation; the seeds are fixed, so the outcome is deterministic anyway). Against the
-nominal 0.0125 the bounds' own calibration (400k paths, results.sequential) adds its SE,
+nominal 0.0125 the bounds' own calibration (400k paths, results.stats.sequential) adds its SE,
 sqrt(0.0125 x 0.9875 / 400k) = 0.000176: issue 49 part 1 measured the bounds at 0.01267 ± 0.00005,
 and the reference here is 0.012747 ± 0.000056.
 """

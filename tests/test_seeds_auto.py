@@ -169,3 +169,20 @@ def test_the_next_stage_is_named_by_its_seeds_from_seeds_first():
     out = io.StringIO()
     assert _stop_reason({"mesh"}, 0, design, auto, {"mesh": 360.0}, 0.0, launch, out) == ""
     assert out.getvalue().startswith("next: seeds 103..105 on 1 arm(s); projected ")
+
+
+@pytest.mark.slow
+def test_a_stage_decides_at_its_own_n_when_later_seeds_already_ran(tmp_path):
+    """What a driver killed during stage 2 leaves (stage 2's runs ended after it died): the re-run
+    decided stage 1 on all four seeds and recorded that as stage 1's decision."""
+    args = ["scheme=base,mesh", *CELL, f"runs_dir={tmp_path}"]
+    assert run_sweep("schemes", ["seeds=4", *args], out=io.StringIO()) == 0  # seeds 0..3 ended, nobody looked
+    out = io.StringIO()
+    auto = ["seeds=auto", "seeds.stage=2", "seeds.max=4", "seeds.futility=false"]
+    assert run_sweep("schemes", [*auto, *args], out=out) == 0
+    client, grids, _ = parents(tmp_path)
+    (first,) = [p for p in grids if "seeds_auto.stage1" in p.data.tags]
+    document = json.loads(Path(client.download_artifacts(first.info.run_id, "stages.json", str(tmp_path))).read_text())
+    assert [s["stage"] for s in document["stages"]] == [1, 2], out.getvalue()
+    assert [[v["n"] for v in s["verdicts"]] for s in document["stages"]] == [[2], [4]]
+    assert all(p.info.status != "RUNNING" for p in parents(tmp_path)[1])  # every stage's parent closed

@@ -56,6 +56,23 @@ def cluster() -> list[str]:
     return partitions()
 
 
+DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "mariadbd", "munged")
+
+
+def test_the_cluster_listens_on_loopback_only(cluster):
+    """Before: slurmctld, slurmd and slurmdbd listened on 0.0.0.0 (ports 6817-6819)."""
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    ours = {}
+    for line in listening:
+        name = re.search(r'users:\(\("([^"]+)"', line)
+        if name and name.group(1) in DAEMONS:
+            ours.setdefault(name.group(1), []).append(line.split()[3])  # local address:port
+    assert {"slurmctld", "slurmd", "slurmdbd"} <= set(ours), listening
+    for daemon, addresses in ours.items():
+        for address in addresses:
+            assert address.rsplit(":", 1)[0] in ("127.0.0.1", "[::1]"), (daemon, address)
+
+
 @pytest.fixture
 def cell(grid_cell_overrides):
     """A grid cell (conftest's GRID_CELL, no probes) of ``steps`` steps that logs every step (so a
@@ -511,3 +528,39 @@ def test_an_unknown_partition_is_refused_in_one_line_before_anything_is_submitte
     assert err.count("\n") == 1 and err.startswith("error: launcher.partition='nope' is invalid"), err
     assert all(name in err for name in cluster), err  # the partitions there are
     assert not list(runs.rglob("mlflow.db")) and not list(runs.rglob("*_submitted.pkl"))
+
+
+@pytest.mark.slow
+def test_seeds_auto_rerun_after_its_driver_is_killed_mid_stage_settles_every_stage(
+    cluster, tmp_path, grid_cell_overrides
+):
+    """``kill -9`` of a seeds=auto driver while stage 2's jobs run; they end on their own, then the
+    same command again. Before: the re-run decided on four seeds as stage 1's decision and stage 2's
+    parent run stayed RUNNING."""
+    runs = tmp_path / "runs"
+    auto = ["seeds=auto", "seeds.stage=2", "seeds.max=4", "seeds.futility=false", "scheme=base,mesh"]
+    args = ["schemes", *auto, *SLURM, f"launcher.partition={cluster[0]}"]
+    args += [*grid_cell_overrides("probes.enabled=false"), f"runs_dir={runs}"]
+    driver = start_sweep(args, tmp_path)
+
+    def stage_2_submitted() -> bool:
+        folders = [f for f in runs.glob("schemes/sweeps/*/submitit") if any(f.glob("*_submitted.pkl"))]
+        return len(folders) >= 2
+
+    wait_for(stage_2_submitted, SWEEP_TIMEOUT_S, driver, "stage 2's jobs")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=60)
+    deadline = time.monotonic() + SWEEP_TIMEOUT_S
+    while len(list(runs.glob("schemes/*/result.json"))) < 8:  # the jobs go on without their driver
+        assert time.monotonic() < deadline, "stage 2's jobs never finished"
+        time.sleep(1)
+    code, out, err = finish(start_sweep(args, tmp_path, "again"), tmp_path, "again")
+    assert code == 0, out + err
+    assert "stage 2: seeds 2..3 on 2 arm(s)" in out
+    client, parents, cells = store(runs)
+    assert len(cells) == 8 and all(r.info.status == "FINISHED" for r in cells)
+    assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents), [p.info for p in parents]
+    (first,) = [p for p in parents if "seeds_auto.stage1" in p.data.tags]
+    document = json.loads(Path(client.download_artifacts(first.info.run_id, "stages.json", str(tmp_path))).read_text())
+    assert [[v["n"] for v in s["verdicts"]] for s in document["stages"]] == [[2], [4]]
+    assert "seeds_auto.stage2" in first.data.tags

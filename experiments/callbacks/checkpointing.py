@@ -1,5 +1,6 @@
-"""Checkpoints that survive ``kill -9``: written under a temporary name, then renamed into place;
-a run resumes from the newest one that is intact, and SIGTERM saves one before the run stops."""
+"""Checkpoints that survive ``kill -9``: written under a temporary name, then renamed into place,
+each with its content digest beside it (``<name>.ckpt.sha256``, as ``sha256sum`` writes it); a run
+resumes from the newest one whose bytes match their digest, and SIGTERM saves one before the run stops."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import shutil
 import signal
 import sys
 import threading
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
+
+from experiments.checkpoint_digest import checkpoint_damage, digest_path, file_digest
+from experiments.disk import fullest_filesystem
 
 
 class NoSpaceLeft(OSError):
@@ -38,22 +41,33 @@ def is_no_space(error: BaseException) -> bool:
 
 
 def atomic_save(trainer: pl.Trainer, path: str | Path, weights_only: bool = False) -> None:
-    """``trainer.save_checkpoint`` to ``path`` such that readers only ever see a complete file;
-    a write that fails leaves no ``.partial`` file behind (it would hold the space a retry needs)."""
+    """``trainer.save_checkpoint`` to ``path`` such that readers only ever see a complete file,
+    its digest written beside it; a write that fails leaves no ``.partial`` file behind (it would
+    hold the space a retry needs).
+
+    Order: the digest of the new bytes goes to ``<path>.sha256.partial``, the checkpoint is
+    renamed into place, then its digest. A kill between the two renames leaves the new checkpoint
+    with the old digest and the new one pending: :func:`checkpoint_damage` accepts the pending one."""
     path = str(path)
     partial = f"{path}.partial"
+    pending = Path(f"{digest_path(path)}.partial")
     try:
         trainer.save_checkpoint(partial, weights_only)
+        if trainer.is_global_zero and os.path.isfile(partial):  # a sharded (FSDP) folder has no digest
+            pending.write_text(f"{file_digest(partial)}  {Path(path).name}\n")
     except BaseException:
         if os.path.isdir(partial):
             shutil.rmtree(partial, ignore_errors=True)
         elif os.path.exists(partial):
             os.unlink(partial)
+        pending.unlink(missing_ok=True)
         raise
     if trainer.is_global_zero:
         if os.path.isdir(partial) and os.path.isdir(path):  # sharded (FSDP) checkpoints are folders
             shutil.rmtree(path)
         os.replace(partial, path)
+        if pending.exists():
+            os.replace(pending, digest_path(path))
     trainer.strategy.barrier("atomic_save")
 
 
@@ -163,6 +177,7 @@ class StepCheckpoint(pl.Callback):
             for old in self.dirpath.glob("step*.ckpt"):
                 if old != path:
                     old.unlink(missing_ok=True)
+                    digest_path(old).unlink(missing_ok=True)
 
 
 class StopOnStepBoundary(pl.Callback):
@@ -231,26 +246,56 @@ def _replace_sigterm_notifier(trainer: pl.Trainer, request: Callable[[int, objec
     # else: a fit outside the main thread, where no handler can be set (Lightning sets none either)
 
 
-def is_intact(path: Path) -> bool:
-    """A torch checkpoint is a zip archive whose directory sits at its end: a truncated or
-    overwritten file fails to open. (Reading every entry would cost as much as loading it.)"""
-    if os.path.isdir(path):  # a sharded (FSDP) checkpoint
-        return any(Path(path).iterdir())
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return bool(archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
 def newest_intact_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """``last.ckpt`` or the newest ``step<N>.ckpt``, whichever was written last and is intact;
-    a damaged one is reported in one line and passed over."""
+    """``last.ckpt`` or the newest ``step<N>.ckpt``, whichever was written last and is intact
+    (:func:`checkpoint_damage`); a damaged one is reported in one line and passed over, and when
+    none is intact the run starts over, said in one line."""
     if not checkpoint_dir.is_dir():
         return None
     candidates = [p for p in checkpoint_dir.iterdir() if p.suffix == ".ckpt"]
     for path in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
-        if is_intact(path):
+        damage = checkpoint_damage(path)
+        if damage is None:
             return path
-        print(f"[mesh-train] {path} is damaged (truncated or not a checkpoint); trying an older one", file=sys.stderr)
+        print(f"[mesh-train] {path} is damaged ({damage}); trying an older one", file=sys.stderr)
+    if candidates:
+        print(f"[mesh-train] no intact checkpoint in {checkpoint_dir}; training from step 0", file=sys.stderr)
+    return None
+
+
+class DiskFull(OSError):
+    """A disk filled while the run logged (metrics, params, artifacts) or wrote its files; the
+    message is one line naming the fullest filesystem the run writes to and what was kept."""
+
+    one_line = True
+
+    def __init__(self, paths: list[Path], checkpoint_dir: Path, store: Path | None) -> None:
+        mount, free = fullest_filesystem(paths)
+        kept = _kept_checkpoint(checkpoint_dir)
+        store_said = f"; the MLflow store {store} keeps every value logged before" if store is not None else ""
+        resume = f"resume from step {kept[0]}" if kept else "start again from step 0"
+        super().__init__(
+            errno.ENOSPC,
+            f"no space left on the filesystem at {mount} ({free} free) while the run logged or wrote its files: "
+            f"kept {f'checkpoint step {kept[0]} ({kept[1]})' if kept else 'no checkpoint'}{store_said}; "
+            f"freed space lets the same command {resume}",
+        )
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _kept_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest intact checkpoint, found without a word."""
+    import torch
+
+    if not checkpoint_dir.is_dir():
+        return None
+    for path in sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        if checkpoint_damage(path) is None:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception:
+                continue
+            return int(state.get("global_step", 0)), path
     return None

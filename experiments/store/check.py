@@ -29,6 +29,9 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from experiments.store.sqlite import (
@@ -37,6 +40,8 @@ from experiments.store.sqlite import (
     is_being_created,
     is_not_a_database,
     read_one,
+    read_only_line,
+    read_only_reason,
     sqlite_path,
 )
 from mesh_model.errors import ConfigError
@@ -76,6 +81,25 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, allow_damaged: bool = Fal
         )
 
 
+_READING: ContextVar[bool] = ContextVar("reading_only", default=False)
+
+
+@contextmanager
+def reading_only() -> Iterator[None]:
+    """Checks made inside are for a command that only reads runs (``mesh-sweep --status``): a
+    ``runs_dir`` that cannot be written is no refusal, and ``plan_run`` opens a store that cannot
+    be written read-only (:func:`~experiments.store.sqlite.reading_uri`)."""
+    token = _READING.set(True)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def is_reading_only() -> bool:
+    return _READING.get()
+
+
 def check_runs_dir(runs_dir: str | os.PathLike[str]) -> None:
     """Raise :class:`ConfigError` (one line) when ``runs_dir`` is a file, or cannot be created or
     written; creates nothing."""
@@ -85,7 +109,7 @@ def check_runs_dir(runs_dir: str | os.PathLike[str]) -> None:
     existing = _nearest_existing(path)
     if not existing.is_dir():
         raise ConfigError("runs_dir", str(runs_dir), f"{str(existing)!r} is a file, so the folder cannot be created")
-    reason = _unwritable(existing)
+    reason = None if is_reading_only() else _unwritable(existing)
     if reason:
         where = "the folder" if existing == path.absolute() else f"{str(existing)!r}, where it would be created,"
         raise ConfigError("runs_dir", str(runs_dir), f"{where} is not writable ({reason}); give a writable folder")
@@ -169,6 +193,8 @@ def _check_sqlite(uri: str, path: Path) -> None:
         raise TrackingError(
             f"tracking_uri={uri!r} names a folder; give the database file, e.g. sqlite:///runs/mlflow.db"
         )
+    if (read_only := read_only_reason(path)) is not None:  # an existing store: not "damaged", not "not writable"
+        raise TrackingError(read_only_line(path, read_only))
     folder = _nearest_existing(path.parent)
     if not folder.is_dir():
         raise TrackingError(f"tracking_uri={uri!r} cannot be created: {str(folder)!r} is a file, not a folder")

@@ -9,9 +9,13 @@ lacks, so the copy is made here, table by table, row by row:
 * the new store gets the damaged one's own schema (its tables, then its indexes and triggers once
   the rows are in), so MLflow's schema version travels with it;
 * each table is read by rowid in chunks; where a chunk meets a damaged page, the rowids are read
-  one by one, and those SQLite cannot read are counted; a row the new table refuses (a value
-  broken by the damage) is counted too; params, tags and metrics of a run whose own row was lost
-  are left out and counted. Indexes are never read: a damaged index loses nothing.
+  one by one; a row the new table refuses (a value broken by the damage) is counted; params, tags
+  and metrics of a run whose own row was lost are left out and counted. Indexes are never read
+  for rows: a damaged index loses nothing;
+* what a table held is known apart from those reads (:func:`expected_rows`): the cell counts of
+  its b-tree's leaf pages, whose headers survive damage to their cells, and the entry count of each
+  of its indexes. Every row short of that is counted as not copied: a lookup by rowid into a page
+  whose cells are damaged finds nothing, and says nothing.
 
 Nothing is written where the output exists, and no store is written when no run could be read:
 an empty store would look like a good one. Exit status 0 when everything was read, 1 when the
@@ -21,13 +25,14 @@ store was written with losses (each counted on its own line), 2 when nothing was
 from __future__ import annotations
 
 import argparse
+import mmap
 import shutil
 import sqlite3
 import struct
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,10 +99,12 @@ def recover(damaged: Path, recovered: Path) -> Recovery:
             shutil.copyfile(f"{damaged}-wal", f"{source}-wal")
         outcome = Recovery()
         outcome.header_rewritten = _mend_header(source)
+        _checkpoint(source)  # the WAL's pages into the file, where expected_rows reads the b-trees
         with closing(sqlite3.connect(source)) as reader:
             schema = _schema(reader, damaged)
+            expected = expected_rows(source, reader, schema)
             with atomic_path(recovered) as tmp, closing(sqlite3.connect(tmp)) as writer:
-                _copy(reader, writer, schema, outcome)
+                _copy(reader, writer, schema, outcome, expected)
                 if not outcome.copied.get("runs"):
                     raise RecoveryError(
                         f"no run of {damaged} could be read ({'; '.join(outcome.lines()) or 'its tables are empty'}); "
@@ -118,12 +125,14 @@ def _schema(reader: sqlite3.Connection, damaged: Path) -> list[tuple[str, str, s
     return schema
 
 
-def _copy(reader: sqlite3.Connection, writer: sqlite3.Connection, schema: list, outcome: Recovery) -> None:
+def _copy(
+    reader: sqlite3.Connection, writer: sqlite3.Connection, schema: list, outcome: Recovery, expected: dict[str, int]
+) -> None:
     tables = [(name, sql) for kind, name, sql in schema if kind == "table"]
     for _, sql in tables:
         writer.execute(sql)
     for name, _ in tables:
-        _copy_table(reader, writer, name, outcome)
+        _copy_table(reader, writer, name, outcome, expected.get(name))
     _drop_orphans(writer, outcome)
     for kind, _, sql in schema:
         if kind != "table":
@@ -131,7 +140,9 @@ def _copy(reader: sqlite3.Connection, writer: sqlite3.Connection, schema: list, 
     writer.commit()
 
 
-def _copy_table(reader: sqlite3.Connection, writer: sqlite3.Connection, table: str, outcome: Recovery) -> None:
+def _copy_table(
+    reader: sqlite3.Connection, writer: sqlite3.Connection, table: str, outcome: Recovery, expected: int | None
+) -> None:
     columns = [row[1] for row in writer.execute(f'PRAGMA table_info("{table}")')]
     names = ", ".join(f'"{c}"' for c in columns)
     insert = f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
@@ -150,6 +161,88 @@ def _copy_table(reader: sqlite3.Connection, writer: sqlite3.Connection, table: s
     outcome.copied[table] = copied
     if refused:
         outcome.refused[table] = refused
+    if expected is not None and table not in outcome.unreadable_tail and expected >= copied + refused:
+        # every row the table held and no read returned, whether its read failed or found nothing
+        outcome.unreadable[table] = expected - copied - refused
+        if not outcome.unreadable[table]:
+            del outcome.unreadable[table]
+
+
+def expected_rows(source: Path, reader: sqlite3.Connection, schema: list[tuple[str, str, str]]) -> dict[str, int]:
+    """table -> the rows it held, as far as can be known without reading them: the larger of the
+    cell count of its b-tree's leaf pages (a page's header survives damage to its cells) and the
+    entry count of any of its indexes that reads. A table with neither is left out."""
+    tables = [name for kind, name, _ in schema if kind == "table"]
+    indexes: dict[str, list[str]] = {}
+    try:
+        roots = dict(reader.execute("SELECT name, rootpage FROM sqlite_master WHERE type = 'table'").fetchall())
+        for name, table in reader.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'index'"):
+            indexes.setdefault(table, []).append(name)
+    except sqlite3.DatabaseError:
+        return {}
+    expected = {}
+    with source.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        pages = _Pages(data)
+        for table in tables:
+            counts = [n for n in [pages.leaf_cells(roots.get(table))] if n is not None]
+            for index in indexes.get(table, []):
+                with suppress(sqlite3.DatabaseError):
+                    counts.append(reader.execute(f'SELECT count(*) FROM "{table}" INDEXED BY "{index}"').fetchone()[0])
+            if counts:
+                expected[table] = max(counts)
+    return expected
+
+
+class _Pages:
+    """The b-tree pages of a database file (https://www.sqlite.org/fileformat.html, section 1.6)."""
+
+    LEAF, INTERIOR = 0x0D, 0x05  # table b-tree pages
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data = data
+        size = struct.unpack(">H", self.data[16:18])[0] if len(self.data) >= 100 else 0
+        self.size = 65536 if size == 1 else size
+        self.count = len(self.data) // self.size if self.size else 0
+
+    def leaf_cells(self, root: int | None) -> int | None:
+        """The cells of the leaf pages under ``root``; None where the tree cannot be walked (an
+        interior page damaged: its children are unknown)."""
+        if not root or not self.count:
+            return None
+        try:
+            return self._walk(root)
+        except (struct.error, IndexError):  # a pointer past the file's end
+            return None
+
+    def _walk(self, root: int) -> int | None:
+        total, seen, todo = 0, set(), [root]
+        while todo:
+            page = todo.pop()
+            if not 1 <= page <= self.count or page in seen:
+                return None
+            seen.add(page)
+            start = (page - 1) * self.size
+            head = start + (100 if page == 1 else 0)
+            kind, cells = self.data[head], struct.unpack(">H", self.data[head + 3 : head + 5])[0]
+            if kind == self.LEAF:
+                total += cells
+            elif kind == self.INTERIOR:
+                todo.append(struct.unpack(">I", self.data[head + 8 : head + 12])[0])
+                for i in range(cells):
+                    pointer = struct.unpack(">H", self.data[head + 12 + 2 * i : head + 14 + 2 * i])[0]
+                    if not 0 < pointer <= self.size - 4:
+                        return None
+                    todo.append(struct.unpack(">I", self.data[start + pointer : start + pointer + 4])[0])
+            else:
+                return None
+        return total
+
+
+def _checkpoint(source: Path) -> None:
+    """Move the copy's WAL into its file, where it can be; a damaged copy may refuse (then the
+    b-tree counts may be short and the index counts decide)."""
+    with suppress(sqlite3.DatabaseError), closing(sqlite3.connect(source)) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def _readable_rows(reader: sqlite3.Connection, table: str, names: str, outcome: Recovery) -> Iterator[list[tuple]]:

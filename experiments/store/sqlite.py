@@ -76,6 +76,8 @@ def prepare_sqlite_store(uri: str, rebuild: bool = False) -> None:
     path = sqlite_path(uri)
     if path is None:
         return
+    if (reason := read_only_reason(path)) is not None:
+        raise TrackingError(read_only_line(path, reason))
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(f".{path.name}.lock")):
         _open_or_rebuild(uri, path, rebuild)
@@ -136,6 +138,63 @@ def _set_aside(uri: str, path: Path, label: str, why: str) -> None:
     forget_engine(uri)
 
 
+def read_only_reason(path: Path) -> str | None:
+    """Why the existing store ``path`` cannot be written by this process (a read-only filesystem,
+    the file's or its folder's permissions), or None when it can (or does not exist yet). SQLite
+    writes beside the database (its WAL, shared memory and journal), so the folder counts too."""
+    if not path.is_file():
+        return None
+    if _on_read_only_filesystem(path):
+        return "its filesystem is mounted read-only"
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        return "no write permission on the file or its folder"
+    return None
+
+
+def _on_read_only_filesystem(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def read_only_line(path: Path, reason: str) -> str:
+    """What a command that must write answers for a read-only store, in one line."""
+    return (
+        f"the MLflow store {path} is read-only ({reason}); this command writes to it: use a writable copy "
+        "(tracking.tracking_uri=sqlite:///<copy>), while mesh-results and mesh-sweep --status read it as it is"
+    )
+
+
+def reading_uri(uri: str) -> str:
+    """``uri`` for a command that only reads: a local sqlite store that cannot be written is opened
+    read-only by SQLite (``mode=ro``; on a read-only filesystem also ``immutable=1``, as no one can
+    write it there and SQLite could not make its shared-memory file), every other ``uri`` as it is.
+    MLflow opens a store through SQLAlchemy, which passes ``file:`` URIs on to SQLite."""
+    path = sqlite_path(uri)
+    if path is None or is_opened_read_only(uri) or (reason := read_only_reason(path)) is None:
+        return uri
+    print(
+        f"[mesh] the MLflow store {path} is read-only ({reason}): read as it is, nothing written to it", file=sys.stderr
+    )
+    return f"sqlite:///{_sqlite_file_uri(path)}&uri=true"
+
+
+def is_opened_read_only(uri: str) -> bool:
+    """Whether ``uri`` is a :func:`reading_uri` of a read-only store (whose readers write nothing)."""
+    return uri.startswith("sqlite:///file:") and "mode=ro" in uri
+
+
+def _sqlite_file_uri(path: Path) -> str:
+    """SQLite's read-only URI of ``path``: ``immutable`` too where SQLite could not make the
+    shared-memory file a WAL store needs (a read-only filesystem, or a folder this process cannot
+    write and no WAL, so no writer, beside the store)."""
+    immutable = _on_read_only_filesystem(path) or (
+        not os.access(path.parent, os.W_OK) and not Path(f"{path}-wal").exists()
+    )
+    return f"file:{path}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
 RECOVER_COMMAND = "python -m experiments.store.recover"
 
 
@@ -179,7 +238,7 @@ def _quick_check(path: Path) -> str:
     """``ok``, or SQLite's first complaint."""
     if path.stat().st_size <= FULL_CHECK_BYTES:
         return str(read_one(path, "PRAGMA quick_check(1)")[0])
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    connection = sqlite3.connect(_sqlite_file_uri(path), uri=True, timeout=10)
     try:
         tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         for table in tables:
@@ -225,7 +284,7 @@ def damaged_store_error(error: BaseException, uri: str) -> TrackingError | None:
 def read_one(path: Path, sql: str) -> tuple:
     """The first row of ``sql`` on the database ``path``, opened read-only by SQLite (the one way
     this package reads a store file; see the module docstring). Raises :class:`sqlite3.Error`."""
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    connection = sqlite3.connect(_sqlite_file_uri(path), uri=True, timeout=10)
     try:
         return connection.execute(sql).fetchone()
     finally:
@@ -310,7 +369,7 @@ def peek_run(uri: str, run_id: str, tag: str) -> tuple[str, str | None] | None:
     if path is None or not path.is_file():
         return None
     try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        connection = sqlite3.connect(_sqlite_file_uri(path), uri=True, timeout=10)
     except sqlite3.Error:
         return None
     try:
@@ -328,7 +387,7 @@ def sqlite_path(uri: str) -> Path | None:
     is); None for any other store."""
     if not uri.startswith("sqlite:///"):
         return None
-    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0].removeprefix("file:"))  # reading_uri's too
     return path if path.is_absolute() else Path.cwd() / path
 
 

@@ -79,9 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # a store damaged past the opening check (a filter's error is its own)
+        from experiments.disk import report_disk_full
         from experiments.store.sqlite import damaged_store_error
 
-        if (damaged := damaged_store_error(error, uri)) is None:
+        if (damaged := damaged_store_error(error, uri) or report_disk_full(error, out)) is None:
             raise
         print(f"error: {damaged}", file=sys.stderr)
         return 2

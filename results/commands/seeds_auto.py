@@ -183,7 +183,10 @@ def run_auto(
                 file=out,
             )
             return status or 1
-        evaluations, frame = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+        # Only the seeds of stages 1..k: runs of later seeds already there (a driver killed while its
+        # next stage's jobs ran on) are this look's decision at its own n, not a larger one.
+        looked = {h: (arm, s) for h, (arm, s) in hashes.items() if s < first + size}
+        evaluations, frame = read_stage(looked, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
         arm_by_run = _arms_by_run(frame, hashes)
         verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]
         print(f"\n{verdict_table(verdicts)}", file=out)

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.store.check import check_tracking_uri
-from experiments.store.sqlite import resolve_tracking_uri, sqlite_path, store_damage
+from experiments.store.sqlite import reading_uri, resolve_tracking_uri, sqlite_path, store_damage
 from results.rows.frame import (
     NONFINITE,
     NONFINITE_TAG,
@@ -44,6 +44,7 @@ def tracking_uri_for(tracking_uri: str | None, runs_dir: str | Path = "runs", en
     ``sqlite:///<runs_dir>/mlflow.db`` (as mesh-train resolves it); a sqlite file that does not exist
     is an error, not a new store."""
     uri = resolve_tracking_uri(tracking_uri, Path(runs_dir).expanduser(), os.environ if environment else {})
+    uri = reading_uri(uri)  # a store this process cannot write is read read-only (experiments/store/sqlite.py)
     if (path := sqlite_path(uri)) is not None:
         if not path.exists():
             raise ResultsError(f"no MLflow store at {path}; run a sweep first, or pass --tracking-uri / --runs-dir")
