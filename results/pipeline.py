@@ -15,7 +15,7 @@ import pandas as pd
 
 from results.publish import parents
 from results.publish.folder import REPORT, report_folder
-from results.render import formats, plots, tables
+from results.render import answer, formats, plots, tables
 from results.render.claims_md import FILE, write_claims
 from results.render.lr import write_lr_sensitivity
 from results.render.output import Output
@@ -55,8 +55,10 @@ def build_report(
     write tables, figures and ``report.md`` into ``out_dir`` (written beside it and moved in place
     whole, :mod:`results.publish.folder`); then (``publish_to_parents``) colour and tag the runs, write the
     experiments' views, and put the report on the MLflow parent run of every sweep whose cells it
-    read (:mod:`results.publish.parents`). ``opening``: lines that ``report.md``, ``claims.md`` and the parent
-    runs' descriptions open with (the main job's regime, :mod:`results.commands.demo_regime`)."""
+    read (:mod:`results.publish.parents`). ``opening``: the grid's context (the main job's decided-result and
+    regime lines, :mod:`results.commands.demo_regime`): ``report.md``, ``claims.md`` and the parent runs'
+    descriptions open with this grid's answer and then it (:func:`results.render.answer.opening`), and the
+    parents record it for the next ``mesh-results`` (:data:`results.publish.parents.CONTEXT_TAG`)."""
     out = Path(out_dir)
     client = store.open_client(tracking_uri)
     frame = store.collect_runs(client, experiments, filter_string)
@@ -78,8 +80,9 @@ def build_report(
     known = store.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents:
-        lines = [*formats.quote_lines(opening)[1:], *([""] if opening else []), *ranking(results, output.evaluations)]
-        done = parents.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines)
+        quoted = formats.quote_lines(output.opening)[1:]
+        lines = [*quoted, *([""] if quoted else []), *ranking(results, output.evaluations)]
+        done = parents.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines, opening)
         output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder
         output.view = done.view
     return output
@@ -99,7 +102,7 @@ def _write(
 ) -> Output:
     """Tables, ``claims.md``, figures and ``report.md`` of ``results`` in the folder ``out`` (which
     becomes ``final``, where a ``seeds_auto.log`` names the design that chose the seeds)."""
-    output = Output(out, out / REPORT, results, opening=list(opening))
+    output = Output(out, out / REPORT, results)
     final = final or out
     output.design, output.declared = read_design(final / LOG), read_confirmatory(final)
     main = tables.main_table(results)
@@ -115,7 +118,8 @@ def _write(
     history.to_csv(output.curves_csv, index=False)
     decided = decide(results, None, output.design, output.declared, final.name, history)
     output.evaluations = decided.evaluations
-    output.claims = write_claims(decided, results, out, name, experiments, history, "", final.name, opening)
+    output.opening = answer.opening(results, decided.evaluations, opening)  # this grid's answer, then its context
+    output.claims = write_claims(decided, results, out, name, experiments, history, "", final.name, output.opening)
     steered = read_routing(client, results)
     if not steered.empty:
         output.routing_csv = out / FILE_ROUTING
