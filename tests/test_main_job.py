@@ -6,6 +6,7 @@ import re
 import shlex
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -162,3 +163,22 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert quote in (again / "report.md").read_text() and quote in (again / "claims.md").read_text()
     logged_report = client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path / "artifacts"))
     assert quote in Path(logged_report).read_text()
+
+
+@pytest.mark.slow
+def test_the_throughput_benchmark_reads_its_runs_from_the_store_they_went_to(
+    tmp_path, capsys, grid_cell_overrides, monkeypatch
+):
+    """With $MLFLOW_TRACKING_URI set, benchmarks/grid_throughput.py once trained into that store and read
+    an empty sqlite file ('NoneType' object has no attribute 'experiment_id')."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import grid_throughput
+
+    elsewhere = tmp_path / "elsewhere.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere}")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cell = [o for o in grid_cell_overrides() if o.split("=")[0] not in ("max_steps", "val_every", "checkpoint_every")]
+    assert grid_throughput.main(["--steps", "2", "--seeds", "1", "--pairs", "1", *cell]) == 0
+    printed = capsys.readouterr().out
+    assert "final train loss, largest relative gap: " in printed
+    assert not elsewhere.exists()  # every run went to, and was read from, the grid's own fresh store
