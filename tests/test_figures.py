@@ -335,3 +335,30 @@ def test_training_loss_is_each_runs_rolling_mean_over_a_tenth_of_its_steps():
     (curve,) = ax.get_lines()
     assert list(curve.get_ydata()[3:]) == pytest.approx([4.0] * 37)
     assert "rolling mean, 4 logged steps" in ax.get_ylabel()
+
+
+def test_routing_rows_with_the_same_curve_share_one_labelled_line_instead_of_entries_on_top_of_each_other():
+    from results.render.routing import coefficients_figure
+
+    coef = "routing/coef/coda/f2/mean"
+    rows = []
+    for scheme, value in (("base", 1.0), ("residual", 1.0), ("anchor", 1.0), ("mesh", 0.4)):
+        row = _row(scheme, "1+2R2+1", (9.0, 9.1), 66.67, slots="5" if scheme == "mesh" else "")
+        row.stats[coef] = Stat((value, value), SEEDS)
+        rows.append(row)
+    records = [
+        (run_id, row.label, row.scheme, seed, step, step * 100, coef, 1.0 if row.scheme != "mesh" else 0.4 + step / 100)
+        for row in rows
+        for run_id, seed in zip(row.run_ids, row.seeds, strict=True)
+        for step in (10, 20)
+    ]
+    frame = pd.DataFrame.from_records(
+        records, columns=["run_id", "row", "scheme", "seed", "step", "tokens", "metric", "value"]
+    )
+    (ax,) = coefficients_figure(_results(rows), frame).axes
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == [
+        "base 1+2R2+1, residual 1+2R2+1, anchor 1+2R2+1 (the same curve)",
+        "mesh 1+2R2+1 B5",
+    ]
+    assert len({line.get_linestyle() for line in ax.get_lines() if line.get_label() in labels}) == 2
