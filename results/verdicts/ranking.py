@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from results.rows.aggregate import Block, Results, Row, decimals_for, is_accuracy
+from results.rows.aggregate import Block, Results, Row, decimals_for, is_accuracy, is_ppl
 from results.stats.comparison import Comparison, delta_text
 from results.verdicts.claims import Evaluation
 
@@ -79,13 +79,13 @@ def ranked_cells(results: Results, block: Block, evaluations: Sequence[Evaluatio
         delta = "—" if base is row else delta_text(comparison.scaled(scale), metric, decimals) if comparison else ""
         said = verdict(row, base, evaluations, metrics)
         if said.startswith(NO_CLAIM) and comparison is not None and comparison.tested:
-            said = untested_delta(comparison, is_accuracy(metric)) + said.removeprefix(NO_CLAIM)
+            said = untested_delta(comparison, is_ppl(metric)) + said.removeprefix(NO_CLAIM)
         cells.append((row, stat.text(decimals, scale), delta, said))
     return cells
 
 
-def untested_delta(comparison: Comparison, accuracy: bool = False) -> str:
+def untested_delta(comparison: Comparison, log_ppl: bool = True) -> str:
     """What stands behind a Δ that no claim tests: the one comparison per pair (Row.compare), named with
     its p, uncorrected, so the ranking never says "not tested" beside a p the table prints."""
-    on = "" if accuracy else " on log PPL"
+    on = " on log PPL" if log_ppl else ""
     return f"Δ by {comparison.test}{on}, p {comparison.p:.2g} (uncorrected: no claim sets this row against base)"
