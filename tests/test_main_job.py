@@ -158,6 +158,7 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
 
     again = tmp_path / "again"
     assert mesh_results(["schemes", "--out", str(again)]) == 0
+    assert capsys.readouterr().out.startswith("\n".join(opening) + "\n\n")  # its terminal opens as the demo's
     quote = note.split("\n\n")[0]
     assert client.get_run(parent.info.run_id).data.tags["mlflow.note.content"].split("\n\n")[0] == quote
     assert quote in (again / "report.md").read_text() and quote in (again / "claims.md").read_text()

@@ -484,7 +484,7 @@ def test_a_grid_of_schemes_only_is_grouped_by_scheme_and_its_parent_note_starts_
     assert note.startswith(ranking.strip()) and "| 1 | `mesh 1+2R2+1` |" in note
     assert note.index("`mesh-results schemes_only`") < note.index("| scheme | layout |")  # the table after
     page = f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{parent}?workflowType=machine_learning"
-    assert f"on the sweep's parent run: {page}\n" in printed
+    assert f"on the sweep's parent run:\n{page}\n" in printed  # the URL on its own line
     assert "viewStateShareKey=mesh-grouped" in printed and "viewStateShareKey=mesh-key-metrics" not in printed
     assert "| " not in printed and "(every metric and test: " in printed  # the ranking in plain text, not the table
 

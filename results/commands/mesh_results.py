@@ -87,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {damaged}", file=sys.stderr)
         return 2
     summary = summary_lines(output.results, output.evaluations)
+    if output.opening:  # this grid's answer, then the context its job recorded (as report.md opens)
+        print("\n".join(output.opening))
+        print()
     if summary:
         print("\n".join(summary).rstrip())
         print(f"(every metric and test: {output.out_dir.resolve() / 'table.md'})")
@@ -100,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output.published:
         pages = ", ".join(output.published_pages or output.published)
         if output.published_to == ARTIFACT_DIR:
-            print(f"[mesh-results] the ranking, the claims and the report are on the sweep's parent run: {pages}")
+            print(f"[mesh-results] the ranking, the claims and the report are on the sweep's parent run:\n{pages}")
         else:  # a report over several experiments: beside each grid's own report
             print(
                 f"[mesh-results] the report is in the artifacts of the sweeps' parent runs, {output.published_to}/: {pages}"
