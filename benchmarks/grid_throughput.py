@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlflow
@@ -32,9 +33,16 @@ SEQUENTIAL = ["launcher=local"]
 PACKED: list[str] = []  # the default: launcher=auto
 
 
-def run_grid(launch: list[str], steps: int, seeds: int, runs_dir: Path) -> float:
-    """Wall seconds of one ``mesh-sweep`` of the main job's grid into ``runs_dir``."""
-    command = [str(Path(sys.executable).parent / "mesh-sweep"), SWEEP, *main_job_arguments(steps, seeds, runs_dir)]
+def store_of(runs_dir: Path) -> str:
+    """The fresh store of one grid: named to ``mesh-sweep`` (``tracking.tracking_uri``) and read back from
+    it, so a ``$MLFLOW_TRACKING_URI`` in the environment neither receives the runs nor hides them."""
+    return f"sqlite:///{runs_dir.resolve() / 'mlflow.db'}"
+
+
+def run_grid(launch: list[str], steps: int, seeds: int, runs_dir: Path, extra: Sequence[str] = ()) -> float:
+    """Wall seconds of one ``mesh-sweep`` of the main job's grid into ``runs_dir`` (its store: :func:`store_of`)."""
+    arguments = main_job_arguments(steps, seeds, runs_dir, [f"tracking.tracking_uri={store_of(runs_dir)}", *extra])
+    command = [str(Path(sys.executable).parent / "mesh-sweep"), SWEEP, *arguments]
     started = time.perf_counter()
     result = subprocess.run([*command, *launch], capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -48,7 +56,7 @@ def run_grid(launch: list[str], steps: int, seeds: int, runs_dir: Path) -> float
 
 
 def final_losses(runs_dir: Path) -> dict[tuple[str, str], float]:
-    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    client = mlflow.MlflowClient(store_of(runs_dir))
     experiment = client.get_experiment_by_name(SWEEP)
     runs = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("kind") != "sweep"]
     return {(r.data.params["scheme"], r.data.params["seed"]): r.data.metrics["train/loss"] for r in runs}
@@ -65,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="training steps per cell (the main job runs 400)")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=2, help="sequential/packed pairs, order alternating")
+    parser.add_argument("overrides", nargs="*", help="more overrides for every run (tests: a smaller cell)")
     args = parser.parse_args(argv)
 
     packed, sequential, gaps = [], [], []
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds, losses = {}, {}
             for name, launch in order:
                 runs_dir = Path(scratch) / f"{pair}-{name}"
-                seconds[name] = run_grid(launch, args.steps, args.seeds, runs_dir)
+                seconds[name] = run_grid(launch, args.steps, args.seeds, runs_dir, args.overrides)
                 losses[name] = final_losses(runs_dir)
             packed.append(seconds["packed"])
             sequential.append(seconds["sequential"])

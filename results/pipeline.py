@@ -25,7 +25,7 @@ import pandas as pd
 from experiments.store.sqlite import is_opened_read_only
 from results.publish import parents
 from results.publish.folder import REPORT, report_folder
-from results.render import formats, plots, tables
+from results.render import answer, formats, plots, tables
 from results.render.claims_md import write_claims
 from results.render.lr import write_lr_sensitivity
 from results.render.output import Output
@@ -86,7 +86,9 @@ def build_report(
     write the report into ``out_dir`` (:func:`write_report`); then (``publish_to_parents``) colour and
     tag the runs, write the experiments' views, and put the report on the MLflow parent run of every
     sweep whose cells it read. ``opening``: lines that ``report.md``, ``claims.md`` and the parent
-    runs' descriptions open with (the main job's regime, :mod:`results.commands.demo_regime`)."""
+    runs' descriptions open with this grid's answer (:func:`results.render.answer.opening`) and then
+    these context lines (the main job's decided-result and regime lines, :mod:`results.commands.demo_regime`),
+    which the parents record for the next ``mesh-results`` (:data:`results.publish.parents.CONTEXT_TAG`)."""
     out = Path(out_dir)
     spec = ReportSpec(name, tuple(experiments), tracking_uri, filter_string, metric, tuple(opening))
     client = store.open_client(tracking_uri)
@@ -111,8 +113,9 @@ def build_report(
     known = store.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents and not is_opened_read_only(tracking_uri):  # a read-only store is only read
-        lines = [*formats.quote_lines(opening)[1:], *([""] if opening else []), *ranking(results, output.evaluations)]
-        done = parents.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines)
+        quoted = formats.quote_lines(output.opening)[1:]
+        lines = [*quoted, *([""] if quoted else []), *ranking(results, output.evaluations)]
+        done = parents.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines, opening)
         output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder
         output.view = done.view
     return output
@@ -174,8 +177,9 @@ def write_report(
     probes = tables.probe_table(results)
     if probes is not None:
         output.tables += formats.write_table(probes, out, "probes")
+    output.opening = answer.opening(results, decided.evaluations, spec.opening)  # this grid's answer, then its context
     output.claims = write_claims(
-        decided, results, out, spec.name, spec.experiments, data.curves, "", final.name, spec.opening
+        decided, results, out, spec.name, spec.experiments, data.curves, "", final.name, output.opening
     )
 
     figures = out / FIGURES

@@ -9,10 +9,28 @@ where a grid lists layouts) for the paper's scale.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from experiments.compose import group_options
 from sweeps.launch.config import CONFIG_MODULE
+from sweeps.main_job import MAIN_JOB_SEEDS, MAIN_JOB_STEPS
 
 GROUP = "sweep"
+
+
+def against_main_job(steps: Sequence[int], seeds: int) -> str:
+    """One line for a --dry-run: the steps and seeds of each cell, and where they differ from the
+    main job's (``buffer_slots`` and ``loops`` default to 200 steps and 1 seed, the demo to 400 and 2)."""
+    span = f"{steps[0]:,}" if len(set(steps)) == 1 else f"{min(steps):,}-{max(steps):,}"
+    differs = [
+        *([f"{span} steps, not {MAIN_JOB_STEPS}"] if set(steps) != {MAIN_JOB_STEPS} else []),
+        *([f"{seeds} seed{'s' * (seeds != 1)}, not {MAIN_JOB_SEEDS}"] if seeds != MAIN_JOB_SEEDS else []),
+    ]
+    said = f": this grid differs ({', '.join(differs)})" if differs else ", as here"
+    return (
+        f"per cell: {seeds} seed{'s' * (seeds != 1)} x {span} steps; the main job (mesh-demo) runs "
+        f"{MAIN_JOB_SEEDS} seeds x {MAIN_JOB_STEPS} steps{said}"
+    )
 
 
 def sweep_names() -> list[str]:

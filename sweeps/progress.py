@@ -220,5 +220,5 @@ def next_steps(
     """What to run once the grid ended: the results, and the runs in the MLflow UI (in ``view``)."""
     return [
         f"results: {results_command(experiment, tracking_uri, runs_dir)}",
-        f"MLflow:  {runs_list_url(tracking_uri, experiment_id, view)}",
+        f"MLflow:  {runs_list_url(tracking_uri, experiment_id, view, ' ' * 9)}",
     ]

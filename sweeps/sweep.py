@@ -59,7 +59,7 @@ from experiments.store.sqlite import TrackingError
 from experiments.store.views import ROW_TAG, write_grouped_view
 from mesh_model import ConfigError
 from mesh_model.cli_text import parser_for
-from sweeps.catalogue import sweep_description, sweep_names
+from sweeps.catalogue import against_main_job, sweep_description, sweep_names
 from sweeps.cells import SKIPPED, Cell, CellOutcome
 from sweeps.closing import EXIT_INTERRUPTED, GridEnd, exit_code, finish, settle_run
 from sweeps.estimate import confirmed, count_line, distinct_configs, estimate_grid
@@ -227,6 +227,9 @@ def print_dry_run(name: str, cells: Sequence[Cell], plans: Sequence[RunPlan], ou
         print(f"every run: {budgets[0]}", file=out)
     total = sum(plan.budget.total_tokens for plan in plans)
     print(f"the grid: {tokens_text(total)} tokens in {len(plans)} runs", file=out)
+    print(
+        against_main_job([plan.budget.max_steps for plan in plans], len({plan.train.seed for plan in plans})), file=out
+    )
 
 
 def refuse_live_jobs(sweep_dir: Path, name: str, arguments: Sequence[str]) -> None:

@@ -232,7 +232,8 @@ def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_l
     block = results.blocks[0].name
     records = []
     for k, row in enumerate(rows):
-        for i, (run_id, seed) in enumerate(zip(row.run_ids, row.seeds, strict=True)):
+        runs = [*zip(row.run_ids, row.seeds, strict=True), (f"{row.run_ids[0]}-third", "s2")]  # 3 seeds: a band
+        for i, (run_id, seed) in enumerate(runs):
             for step in (10, 20, 30):
                 value = 30.0 - step / 5 + k + 0.5 * i
                 records.append((run_id, row.label, row.scheme, seed, block, step, step * 100, "val/pile/ppl", value))
@@ -243,16 +244,16 @@ def test_validation_curves_are_drawn_in_the_schemes_colours_with_the_t_band_on_l
     assert ax.get_yscale() == "log" and ax.get_xlabel() == "tokens seen"
     colours = _artist_colours(ax)
     for row in rows:
-        assert colours[f"{row.label} (n=2)"] == scheme_color(row.scheme), row.label
-    # the first row's band at its first step is the 95% t interval of its two seeds
+        assert colours[f"{row.label} (n=3)"] == scheme_color(row.scheme), row.label
+    # the first row's band at its first step is the 95% t interval of its three seeds
     (band, *_) = ax.collections
-    values = [30.0 - 2.0, 30.0 - 2.0 + 0.5]
-    low, high = scipy_stats.t.interval(0.95, 1, loc=sum(values) / 2, scale=scipy_stats.sem(values))
+    values = [30.0 - 2.0, 30.0 - 2.0 + 0.5, 30.0 - 2.0 + 1.0]
+    low, high = scipy_stats.t.interval(0.95, 2, loc=sum(values) / 3, scale=scipy_stats.sem(values))
     ys = [y for x, y in band.get_paths()[0].vertices if x == 1000]  # step 10: 1000 tokens
     assert min(ys) == pytest.approx(low) and max(ys) == pytest.approx(high)
 
 
-def test_validation_axis_spans_the_means_when_a_two_seed_band_goes_below_zero():
+def test_validation_axis_spans_the_means_and_draws_no_band_at_two_seeds():
     from results.render.plots import BAND_MARGIN, validation_curves_figure
 
     rows = [_row("base", "1+2R2+1", (97.0, 98.0), 66.67), _row("mesh", "1+2R2+1", (83.0, 86.0), 66.7)]
@@ -270,9 +271,10 @@ def test_validation_axis_spans_the_means_when_a_two_seed_band_goes_below_zero():
     )
     (ax,) = validation_curves_figure(results, curves, block).axes
     assert ax.get_ylim() == pytest.approx((84.5 / BAND_MARGIN, 320.0 * BAND_MARGIN))
-    for band in ax.collections:
-        ys = band.get_paths()[0].vertices[:, 1]
-        assert ys.min() >= 84.5 / BAND_MARGIN - 1e-9 and ys.max() <= 320.0 * BAND_MARGIN + 1e-9
+    # at n = 2 the t band (±12.7 standard errors) would wash over the plot: none is drawn, and the legend says so
+    assert not ax.collections
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == [f"{row.label} (n=2, no band under 3 seeds)" for row in rows]
 
 
 # ---------------------------------------------------------------- the ranking, parameter shares, smoothing
@@ -333,3 +335,30 @@ def test_training_loss_is_each_runs_rolling_mean_over_a_tenth_of_its_steps():
     (curve,) = ax.get_lines()
     assert list(curve.get_ydata()[3:]) == pytest.approx([4.0] * 37)
     assert "rolling mean, 4 logged steps" in ax.get_ylabel()
+
+
+def test_routing_rows_with_the_same_curve_share_one_labelled_line_instead_of_entries_on_top_of_each_other():
+    from results.render.routing import coefficients_figure
+
+    coef = "routing/coef/coda/f2/mean"
+    rows = []
+    for scheme, value in (("base", 1.0), ("residual", 1.0), ("anchor", 1.0), ("mesh", 0.4)):
+        row = _row(scheme, "1+2R2+1", (9.0, 9.1), 66.67, slots="5" if scheme == "mesh" else "")
+        row.stats[coef] = Stat((value, value), SEEDS)
+        rows.append(row)
+    records = [
+        (run_id, row.label, row.scheme, seed, step, step * 100, coef, 1.0 if row.scheme != "mesh" else 0.4 + step / 100)
+        for row in rows
+        for run_id, seed in zip(row.run_ids, row.seeds, strict=True)
+        for step in (10, 20)
+    ]
+    frame = pd.DataFrame.from_records(
+        records, columns=["run_id", "row", "scheme", "seed", "step", "tokens", "metric", "value"]
+    )
+    (ax,) = coefficients_figure(_results(rows), frame).axes
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == [
+        "base 1+2R2+1, residual 1+2R2+1, anchor 1+2R2+1 (the same curve)",
+        "mesh 1+2R2+1 B5",
+    ]
+    assert len({line.get_linestyle() for line in ax.get_lines() if line.get_label() in labels}) == 2

@@ -55,7 +55,8 @@ def test_runs_list_url_opens_the_runs_table_of_a_server_or_says_how_to_serve_a_l
     assert runs_list_url("http://mlflow.lab:5000", "7") == f"http://mlflow.lab:5000/{page}"
     assert runs_list_url("https://mlflow.lab/", "7") == f"https://mlflow.lab/{page}"
     local = runs_list_url("sqlite:////data/runs/mlflow.db", "7")
-    command, then = local.split(", then open ")
+    command, said, then = local.split("\n")  # each on its own line: nothing glued to a command or URL
+    assert said == "then open:"
     assert command.endswith("mlflow ui --backend-store-uri sqlite:////data/runs/mlflow.db")
     assert Path(command.split()[0]).name == "mlflow"
     assert then == f"http://127.0.0.1:5000/{page}"
@@ -63,7 +64,7 @@ def test_runs_list_url_opens_the_runs_table_of_a_server_or_says_how_to_serve_a_l
 
 def test_the_mlflow_ui_command_is_quoted_for_a_shell_where_the_store_path_has_spaces():
     store = "sqlite:////data/my runs/it's here/mlflow.db"
-    command, _ = runs_list_url(store, "7").split(", then open ")
+    command, _, _ = runs_list_url(store, "7").split("\n")
     words = shlex.split(command)
     assert words[1:] == ["ui", "--backend-store-uri", store] and Path(words[0]).name == "mlflow"
 
@@ -384,7 +385,7 @@ def test_a_grid_in_a_log_says_each_start_and_end_and_its_parent_run_says_what_th
     experiment_id = parent.info.experiment_id
     store = f"sqlite:///{runs / 'mlflow.db'}"
     assert f"results: mesh-results schemes --runs-dir {runs}\n" in text.replace(f"{Path(sys.executable).parent}/", "")
-    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id, GROUPED_VIEW)}")
+    assert text.rstrip().endswith(f"MLflow:  {runs_list_url(store, experiment_id, GROUPED_VIEW, ' ' * 9)}")
     assert SHARED_VIEW_TAG + KEY_METRICS_VIEW in client.get_experiment(experiment_id).tags
     # The grouped view, written when the grid started (no mesh-results ran): seeds folded by scheme.
     grouped = read_view(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])

@@ -40,3 +40,29 @@ def test_a_claim_that_compared_nothing_is_not_named():
     base, mesh = SimpleNamespace(label="base"), SimpleNamespace(label="mesh lr=0.008")
     untested = [evaluation("mesh_below_base", mesh, []), evaluation("mesh_below_anchor", mesh, [])]
     assert verdict(mesh, base, untested, {PPL}) == NO_CLAIM
+
+
+def test_every_delta_the_ranking_prints_names_the_test_behind_it_with_the_p_the_table_prints():
+    """Before: residual vs base showed a p in the table and "not tested" in the ranking."""
+    from test_claims import runs_frame
+
+    from results.rows.aggregate import aggregate
+    from results.verdicts.engine import evaluate
+    from results.verdicts.ranking import ranked_cells
+    from results.verdicts.schema import load_claims
+
+    frame = runs_frame(
+        {
+            ("tiny", "base", "1+2R2+1", ""): {"ppl": [120.0, 121.0, 124.0]},
+            ("tiny", "residual", "1+2R2+1", ""): {"ppl": [100.0, 102.0, 103.0]},
+        }
+    )
+    results = aggregate(frame)
+    block = results.blocks[0]
+    cells = {row.scheme: said for row, _, _, said in ranked_cells(results, block, evaluate(results, load_claims()))}
+    residual = next(r for r in block.rows if r.scheme == "residual")
+    comparison = residual.compare(next(r for r in block.rows if r.scheme == "base"), results.ppl_metric)
+    assert cells["residual"] == (
+        f"Δ by {comparison.test} on log PPL, p {comparison.p:.2g} (uncorrected: no claim sets this row against base)"
+    )
+    assert cells["base"] == "reference"

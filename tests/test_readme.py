@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from results.commands import mesh_demo
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -160,6 +162,7 @@ def test_the_main_jobs_time_is_the_same_wherever_it_is_given():
         "README.md": README.read_text(),
         "docs/demo.md": (DOCS / "demo.md").read_text(),
         "Makefile": demo_comment,
+        "mesh-demo --help": mesh_demo.__doc__,
     }
     times = {
         name: re.findall(r"about (\d+-\d+) minutes", re.sub(r"\s+#?\s*", " ", text)) for name, text in said.items()

@@ -408,7 +408,10 @@ def test_the_report_opens_with_each_blocks_ranking_by_ppl_with_delta_vs_base_and
     assert ci == f"[{welch.low:+.3f}, {welch.high:+.3f}]"
     assert rows[0][4] == "`mesh_below_base`: holds (n=2, fragile)"
     assert rows[1][4] == "`base_worse_than_vanilla`: holds"  # vanilla against base, the claim either way round
-    assert rows[2][4] == "Δ described, not tested: no claim sets this row against base"
+    # no claim sets mesh B4 against base: the Δ still names its test and p (the table's), uncorrected
+    assert re.match(r"Δ by (paired|Welch) t.* on log PPL, p [\d.e-]+ ", rows[2][4]) and rows[2][4].endswith(
+        "(uncorrected: no claim sets this row against base)"
+    )
     assert rows[-1][3:] == ["—", "reference"]
 
 
@@ -491,7 +494,7 @@ def test_a_grid_of_schemes_only_is_grouped_by_scheme_and_its_parent_note_starts_
     assert note.startswith(ranking.strip()) and "| 1 | `mesh 1+2R2+1` |" in note
     assert note.index("`mesh-results schemes_only`") < note.index("| scheme | layout |")  # the table after
     page = f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{parent}?workflowType=machine_learning"
-    assert f"on the sweep's parent run: {page}\n" in printed
+    assert f"on the sweep's parent run:\n{page}\n" in printed  # the URL on its own line
     assert "viewStateShareKey=mesh-grouped" in printed and "viewStateShareKey=mesh-key-metrics" not in printed
     assert "| " not in printed and "(every metric and test: " in printed  # the ranking in plain text, not the table
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,25 @@ def test_plan_without_runs_uses_the_prior_sd_and_the_flop_model(tmp_path, capsys
     needed = seeds_needed(-0.023, PRIOR_SD, 0.0125)
     assert len(warned) == 1 and warned[0].endswith(f"power at 12 seeds; {needed} seeds needed")
     assert not (tmp_path / "mlflow.db").exists()  # --plan creates no store
+
+
+def test_plan_under_three_finished_seeds_uses_the_prior_sd_and_says_so_in_its_first_line(tmp_path, capsys):
+    """Right after a two-seed grid (the demo's), the SD of 2 paired seeds is not planned on: the prior
+    is, unless the observed is larger, and the first line says so."""
+    assert main(["schemes", "scheme=base,mesh", "seeds=2", *CELL, f"runs_dir={tmp_path}"]) == 0
+    capsys.readouterr()
+    assert main(["schemes", "--plan", "scheme=base,mesh", *CELL, f"runs_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.endswith(
+        f"under 3 finished seeds per cell (2 here), so SD = the prior {PRIOR_SD:g} or the observed, whichever is larger"
+    )
+    (line,) = [x for x in out.splitlines() if x.startswith("  mesh_below_base")]
+    observed = float(re.search(r"(?:not the )?SD ([\d.]+) (?:of|from) 2 finished paired seeds", line).group(1))
+    sd = max(PRIOR_SD, observed)
+    alpha = float(re.search(r"alpha ([\d.]+) per primary claim", first).group(1))
+    assert f"{seeds_needed(-0.036, sd, alpha)} seeds per arm at 80% power" in line
+    assert (PRIOR_SD_SOURCE in line) == (observed <= PRIOR_SD)
 
 
 def test_seeds_first_moves_the_grid_to_fresh_seeds(tmp_path):

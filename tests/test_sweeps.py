@@ -162,8 +162,20 @@ def test_dry_run_lists_the_runs_and_starts_nothing(tmp_path):
     assert text.endswith(
         "every run: global batch 16 x 128 tokens = 2,048 tokens/step; 200 steps = 409.6k tokens; LR warmup 2 steps, cosine to 10% at step 200\n"
         "the grid: 3.3M tokens in 8 runs\n"
+        "per cell: 2 seeds x 200 steps; the main job (mesh-demo) runs 2 seeds x 400 steps: this grid differs "
+        "(200 steps, not 400)\n"
     )
     assert not (tmp_path / "mlflow.db").exists()
+    # the grid's defaults (1 seed) said against the main job's, and the main job's own settings as the same
+    out = io.StringIO()
+    assert run_sweep("loops", [f"runs_dir={tmp_path}"], dry_run=True, out=out) == 0
+    assert out.getvalue().splitlines()[-1].endswith("this grid differs (200 steps, not 400, 1 seed, not 2)")
+    out = io.StringIO()
+    assert run_sweep("schemes", ["seeds=2", "max_steps=400", f"runs_dir={tmp_path}"], dry_run=True, out=out) == 0
+    assert (
+        out.getvalue().splitlines()[-1]
+        == "per cell: 2 seeds x 400 steps; the main job (mesh-demo) runs 2 seeds x 400 steps, as here"
+    )
 
 
 def test_dry_run_shows_the_papers_global_batch_on_the_cluster_it_asks_for(tmp_path):
@@ -171,7 +183,7 @@ def test_dry_run_shows_the_papers_global_batch_on_the_cluster_it_asks_for(tmp_pa
     out = io.StringIO()
     request = ["model=pythia-160m", "recipe=pythia", "trainer=gpu", "launcher=slurm", "resources=gpu8x2"]
     assert run_sweep("schemes", [*request, "scheme=base,mesh"], dry_run=True, out=out) == 0
-    assert out.getvalue().splitlines()[-2:] == [
+    assert out.getvalue().splitlines()[-3:-1] == [
         "every run: global batch 512 (8 x 4 accumulated x 16 processes) x 4096 tokens = 2,097,152 tokens/step; "
         "119,210 steps = 250.0B tokens; LR warmup 1,192 steps, cosine to 10% at step 119,210",
         "the grid: 500.0B tokens in 2 runs",

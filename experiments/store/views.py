@@ -256,11 +256,13 @@ def ui_command(tracking_uri: str) -> str:
     return f"{shlex.quote(script_command('mlflow'))} ui --backend-store-uri {shlex.quote(tracking_uri)}"
 
 
-def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None) -> str:
+def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None, indent: str = "") -> str:
     """Where the MLflow UI lists the runs of experiment ``experiment_id`` (in the experiment's
     shared ``view`` when given, e.g. :data:`KEY_METRICS_VIEW`): the page on an http(s) tracking
     server; for any other store (a local sqlite file), the ``mlflow ui`` command that serves it,
-    then the page at :data:`LOCAL_UI`.
+    then the page at :data:`LOCAL_UI`: each on its own line (the next ones after ``indent``) with
+    nothing glued to it, so a copied command or URL is only that (a trailing comma once named a new,
+    empty store ``mlflow.db,``).
 
     ``workflowType=machine_learning`` opens the runs table: MLflow 3's UI otherwise opens an
     experiment on its GenAI view (traces), whatever the experiment holds."""
@@ -269,7 +271,7 @@ def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None
         page += f"&viewStateShareKey={view}"
     if tracking_uri.startswith(("http://", "https://")):
         return _ui_page(tracking_uri, page)
-    return f"{ui_command(tracking_uri)}, then open {_ui_page(tracking_uri, page)}"
+    return f"{ui_command(tracking_uri)}\n{indent}then open:\n{indent}{_ui_page(tracking_uri, page)}"
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:

@@ -1,13 +1,13 @@
-"""What the main job measures, said before its ranking: the regime of its runs and what the
-one-pass reproduction found later in training.
+"""What the main job's answer is set beside: the regime of its runs and the decided result, which
+comes from another regime (the one-pass reproduction).
 
-The main job (``mesh-demo``) trains every scheme for 400 steps: the early phase, where MeSH
-leads. A reader who sees only its ranking leaves thinking MeSH wins, so its terminal output,
-``report.md``, ``claims.md`` and the sweep's parent run open with :func:`regime_lines` (tokens
-seen, tokens per parameter, passes over the data, seeds, the peak LRs) and
-:func:`later_training_lines`: the committed one-pass reproduction's own numbers (read from its
-``runs.csv`` and ``curves.csv``, never typed in): how long MeSH led there and where it ended
-against base and anchor.
+The main job (``mesh-demo``) trains every scheme for 400 steps on another corpus, at one LR and two
+seeds. Its terminal output, ``report.md``, ``claims.md`` and the sweep's parent run open with its own
+answer (:func:`results.render.answer.opening`), then :func:`later_training_lines`: one line naming the
+decided result and where it is, from the committed one-pass reproduction's own numbers (read from its
+``runs.csv`` and ``curves.csv``, never typed in), stated as that regime's; then :meth:`Regime.lines`
+(tokens seen, tokens per parameter, passes over the data, seeds, the peak LRs). The job records these
+context lines on its parent run (:data:`results.publish.parents.CONTEXT_TAG`), so ``mesh-results`` keeps them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 ONE_PASS = Path(__file__).parent.parent / "cpu-reproduction" / "one-pass" / "schemes"
 ONE_PASS_CITED = "results/cpu-reproduction/one-pass"  # how the lines name it (from the repository root)
 PPL = "val/docs/ppl"
+CORPUS = PPL.split("/")[1]  # the one-pass grid's validation (and training) corpus
 
 
 @dataclass(frozen=True)
@@ -89,19 +90,13 @@ class LaterTraining:
     def mesh_rank_at_end(self) -> int:
         return sorted(self.final_ppl, key=self.final_ppl.__getitem__).index("mesh") + 1
 
-    def lines(self, tokens_here: int | None = None) -> list[str]:
+    def lines(self) -> list[str]:
+        """One line: the decided result, named as another regime's (never these runs' phase)."""
         counts = sorted(set(self.seeds.values()))
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-        early = (
-            self.mesh_first_until is not None
-            and self.mesh_above_base_until is not None
-            and tokens_here is not None
-            and tokens_here <= self.mesh_above_base_until
-        )
-        here = f"These {_tokens(tokens_here or 0)} tokens per run are the early phase" if early else "Early in training"
-        led = "MeSH never had the lowest mean PPL"
+        led = "MeSH never had the lowest mean PPL there"
         if self.mesh_first_until is not None:
-            led = f"MeSH had the lowest mean PPL of all schemes until {_tokens(self.mesh_first_until)} tokens"
+            led = f"MeSH had the lowest mean PPL there until {_tokens(self.mesh_first_until)} tokens"
         if self.mesh_above_base_until is not None:
             led += f" and beat base until {_tokens(self.mesh_above_base_until)}"
         against = ", ".join(
@@ -110,10 +105,11 @@ class LaterTraining:
             if s in self.final_ppl
         )
         return [
-            f"{here}, where MeSH leads. In the one-pass reproduction ({ONE_PASS_CITED}: {_tokens(self.tokens)} "
-            f"tokens per run, {seeds} seeds per scheme, each scheme at its own LR) {led} (curves on the "
-            f"{self.common_seeds} seeds every scheme ran), then ended rank {self.mesh_rank_at_end} of "
-            f"{len(self.final_ppl)}: final PPL {against}. Its verdicts: {ONE_PASS_CITED}/schemes/claims.md.",
+            f"The decided result is another regime's, not these runs': the one-pass reproduction "
+            f"({ONE_PASS_CITED}: {CORPUS} corpus, {_tokens(self.tokens)} tokens per run, {seeds} seeds per scheme, "
+            f"each scheme at its own LR), where MeSH ended rank {self.mesh_rank_at_end} of {len(self.final_ppl)} "
+            f"(final PPL {against}); {led} (curves on the {self.common_seeds} seeds every scheme ran). "
+            f"Its verdicts: {ONE_PASS_CITED}/schemes/claims.md.",
         ]
 
 
@@ -146,11 +142,14 @@ def later_training(folder: Path = ONE_PASS) -> LaterTraining | None:
     )
 
 
-def later_training_lines(tokens_here: int | None = None, folder: Path = ONE_PASS) -> list[str]:
+def later_training_lines(folder: Path = ONE_PASS) -> list[str]:
+    """The line naming the decided result and where it is (:meth:`LaterTraining.lines`)."""
     found = later_training(folder)
     if found is None:
-        return [f"Later in training MeSH falls behind: see the one-pass reproduction ({ONE_PASS_CITED})."]
-    return found.lines(tokens_here)
+        return [
+            f"The decided result is another regime's, not these runs': see the one-pass reproduction ({ONE_PASS_CITED})."
+        ]
+    return found.lines()
 
 
 def regime_of(plans: Sequence[RunPlan], seeds: int, train_tokens: int | None) -> Regime:

@@ -2,8 +2,8 @@
 
 Runs the ``schemes`` grid (vanilla, base, residual, anchor, anchor*, MeSH at the tiny preset's
 1+2R2+1 layout) on the embedded Shakespeare corpus with two seeds, then builds the results
-table, figures and report from MLflow, prints the ranking, and says where everything is. About
-10-20 minutes on 2 CPU cores; re-running it skips what already finished, so
+table, figures and report from MLflow, prints the ranking, and says where everything is: about
+10-15 minutes with set-up on 2 free cores (10 min 21 s measured from a fresh clone); re-running it skips what already finished, so
 `mesh-demo --seeds 3` adds a third seed to the same grid. It opens with the grid's regime and
 what the one-pass reproduction found later in training (:mod:`results.commands.demo_regime`), and
 ends with the grid's `mesh-sweep ... --status` command.
@@ -20,11 +20,13 @@ from __future__ import annotations
 # torch, MLflow and the report's libraries are imported past --help, inside the job.
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mesh_model.cli_text import parser_for
+from sweeps.main_job import MAIN_JOB, MAIN_JOB_SEEDS, MAIN_JOB_STEPS
 
-SWEEP = "schemes"
+SWEEP = MAIN_JOB
 
 
 def main_job_arguments(steps: int, seeds: int, runs_dir: str | Path, extra: Sequence[str] = ()) -> list[str]:
@@ -40,7 +42,11 @@ def main_job_arguments(steps: int, seeds: int, runs_dir: str | Path, extra: Sequ
 
 
 def run_main_job(
-    steps: int = 400, seeds: int = 2, runs_dir: str = "runs", out: str | None = None, extra: Sequence[str] = ()
+    steps: int = MAIN_JOB_STEPS,
+    seeds: int = MAIN_JOB_SEEDS,
+    runs_dir: str = "runs",
+    out: str | None = None,
+    extra: Sequence[str] = (),
 ) -> int:
     from experiments.store.views import runs_list_url
     from results.pipeline import build_report
@@ -51,29 +57,39 @@ def run_main_job(
     runs = Path(runs_dir).resolve()
     out_dir = Path(out or f"results/{SWEEP}").resolve()
     arguments = main_job_arguments(steps, seeds, runs, extra)
-    opening = opening_lines(arguments, seeds)
-    print("\n".join(opening), flush=True)
+    plan = plan_main_job(arguments, seeds)
+    print("\n".join([plan.head, *plan.regime]), flush=True)  # planned, before any compute: no finding yet
     sweep_status = run_sweep(SWEEP, arguments, say_next=False)
-    store = f"sqlite:///{runs / 'mlflow.db'}"
-    output = build_report(SWEEP, [SWEEP], store, out_dir, opening=opening[1:])
+    # the store the runs went to (tracking.tracking_uri, $MLFLOW_TRACKING_URI, else runs/mlflow.db), read back
+    output = build_report(SWEEP, [SWEEP], plan.store, out_dir, opening=plan.context)
     print()
-    print("\n".join(summary_lines(output.results, output.evaluations)))
-    print("\n".join(opening[1:]))
+    print("\n".join(output.opening))  # this grid's answer, the decided result's regime, this one's
+    print()
+    print("\n".join(summary_lines(output.results, output.evaluations)).rstrip())
     print()
     print(f"Table:   {out_dir / 'table.md'} (every metric and test; table.tex and table.csv beside it)")
     print(f"Report:  {output.report} (the ranking, figures, probes and methods)")
     print(f"Claims:  {out_dir / 'claims.md'} (each claim of the paper these runs can test, with its verdict)")
-    print(f"MLflow:  {runs_list_url(store, output.experiment_ids[SWEEP], output.view)}")
+    print(f"MLflow:  {runs_list_url(plan.store, output.experiment_ids[SWEEP], output.view, ' ' * 9)}")
     for page in output.published_pages:
-        print(f"Parent:  {page} (its description: the ranking, the claims and the table)")
+        print(f"Parent:  {page}")
+        print("         (its description: the ranking, the claims and the table)")
     print(f"Status:  {grid_command(SWEEP, arguments, '--status')}")
     print(f"Seeds:   mesh-demo --seeds {seeds + 1} adds seed {seeds} to every scheme (what finished is kept)")
     return sweep_status
 
 
-def opening_lines(arguments: Sequence[str], seeds: int) -> list[str]:
-    """The job's first lines: what it runs, its regime (planned, before any compute) and what the
-    one-pass reproduction found later in training."""
+@dataclass(frozen=True)
+class MainJobPlan:
+    head: str  # what the job runs
+    regime: list[str]  # its regime, planned (results.commands.demo_regime.Regime.lines)
+    context: list[str]  # what its answer is set beside: the decided result (another regime), then this regime
+    store: str  # where its runs go: the cells' tracking URI
+
+
+def plan_main_job(arguments: Sequence[str], seeds: int) -> MainJobPlan:
+    """The job's plan before any compute: what it runs, its regime, the context its outputs set their
+    answer beside (:func:`results.render.answer.opening`) and the store its cells log to."""
     from experiments.data.prepare import prepare
     from results.commands.demo_regime import later_training_lines, regime_of
     from sweeps.grid import grid_cells, read_request
@@ -81,18 +97,20 @@ def opening_lines(arguments: Sequence[str], seeds: int) -> list[str]:
     launch, cell_overrides, _ = read_request(SWEEP, arguments)
     _, plans = grid_cells(SWEEP, cell_overrides, launch)
     regime = regime_of(plans, seeds, prepare(plans[0].data).train_tokens)
-    return [
-        f"mesh-demo: the {SWEEP} grid ({', '.join(regime.schemes)}) at layouts "
-        + ", ".join(dict.fromkeys(str(p.model_config.layout) for p in plans)),
-        *regime.lines(),
-        *later_training_lines(regime.tokens),
-    ]
+    head = f"mesh-demo: the {SWEEP} grid ({', '.join(regime.schemes)}) at layouts " + ", ".join(
+        dict.fromkeys(str(p.model_config.layout) for p in plans)
+    )
+    return MainJobPlan(head, regime.lines(), [*later_training_lines(), *regime.lines()], plans[0].tracking_uri)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = parser_for("mesh-demo", __doc__)
-    parser.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds per scheme (default 2)")
+    parser.add_argument(
+        "--steps", type=int, default=MAIN_JOB_STEPS, help=f"training steps per run (default {MAIN_JOB_STEPS})"
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=MAIN_JOB_SEEDS, help=f"seeds per scheme (default {MAIN_JOB_SEEDS})"
+    )
     parser.add_argument("--runs-dir", default="runs")
     parser.add_argument("--out", default=None, help="report folder (default results/schemes)")
     parser.add_argument("overrides", nargs="*", help="more overrides for every run, e.g. model=mini")

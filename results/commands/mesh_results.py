@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from results.render.terminal import summary_lines
 
         uri = tracking_uri_for(args.tracking_uri, args.runs_dir or "runs", environment=args.runs_dir is None)
-        output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper)
+        context = _recorded_context(uri, experiments)  # what the grid's job set its answer beside (mesh-demo)
+        output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper, opening=context)
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -87,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {damaged}", file=sys.stderr)
         return 2
     summary = summary_lines(output.results, output.evaluations)
+    if output.opening:  # this grid's answer, then the context its job recorded (as report.md opens)
+        print("\n".join(output.opening))
+        print()
     if summary:
         print("\n".join(summary).rstrip())
         print(f"(every metric and test: {output.out_dir.resolve() / 'table.md'})")
@@ -100,14 +104,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output.published:
         pages = ", ".join(output.published_pages or output.published)
         if output.published_to == ARTIFACT_DIR:
-            print(f"[mesh-results] the ranking, the claims and the report are on the sweep's parent run: {pages}")
+            print(f"[mesh-results] the ranking, the claims and the report are on the sweep's parent run:\n{pages}")
         else:  # a report over several experiments: beside each grid's own report
             print(
                 f"[mesh-results] the report is in the artifacts of the sweeps' parent runs, {output.published_to}/: {pages}"
             )
     for name, experiment_id in output.experiment_ids.items():
-        print(f"[mesh-results] MLflow, experiment {name!r}: {runs_list_url(uri, experiment_id, output.view)}")
+        print(f"[mesh-results] MLflow, experiment {name!r}:\n{runs_list_url(uri, experiment_id, output.view)}")
     return 0
+
+
+def _recorded_context(uri: str, experiments: Sequence[str]) -> list[str]:
+    """The context lines the job of the one grid ``experiments`` names recorded on its parent run
+    (``mesh-demo``'s decided result and regime), so that this report keeps them; none for several."""
+    if len(experiments) != 1:
+        return []
+    from results.publish.parents import recorded_context
+    from results.runs.store import open_client
+
+    client = open_client(uri)
+    experiment = client.get_experiment_by_name(experiments[0])
+    return recorded_context(client, [experiment.experiment_id]) if experiment else []
 
 
 def _from_csv(csv: str, out: str | None, metric: str, experiments: Sequence[str]) -> int:

@@ -33,7 +33,7 @@ from results.rows.aggregate import aggregate
 from results.runs import store as collect
 from results.stats.comparison import seeds_needed
 from results.stats.sequential import CONTINUE, PRIOR_SD, PRIOR_SD_SOURCE, Design
-from results.verdicts.claims import ClaimSet, Evaluation, canonical_scheme
+from results.verdicts.claims import FRAGILE_N, ClaimSet, Evaluation, canonical_scheme
 from results.verdicts.engine import evaluate
 from results.verdicts.schema import load_claims
 from results.verdicts.sequential import Verdict, paired_diffs, verdict_at
@@ -345,13 +345,25 @@ class ClaimPlan:
         return f"warning: {self.claim}: {self.power:.0%} power at {self.cap} seeds; {needed}"
 
 
+MIN_SEEDS_FOR_SD = FRAGILE_N  # under this many finished paired seeds an observed SD is too thin to plan on
+
+
 def plan_claim(claim_id: str, effect: float, diffs: Sequence[float], design: Design) -> ClaimPlan:
-    """The plan of one claim: the SD of its finished per-seed differences (two or more), else the prior."""
-    if len(diffs) >= 2 and statistics.stdev(diffs) > 0:
-        sd = statistics.stdev(diffs)
-        source = f"SD {sd:.4f} from {len(diffs)} finished paired seeds"
+    """The plan of one claim: the SD of its finished per-seed differences (:data:`MIN_SEEDS_FOR_SD` or
+    more), else the prior, or the observed SD of fewer seeds where it is larger (two seeds once gave
+    SD 0.0042 and "4 seeds per arm" for a comparison that took 60)."""
+    observed = statistics.stdev(diffs) if len(diffs) >= 2 else None
+    if observed and len(diffs) >= MIN_SEEDS_FOR_SD:
+        sd, source = observed, f"SD {observed:.4f} from {len(diffs)} finished paired seeds"
+    elif observed and observed > PRIOR_SD:
+        sd, source = (
+            observed,
+            f"SD {observed:.4f} from {len(diffs)} finished paired seeds (above the prior {PRIOR_SD:g})",
+        )
     else:
         sd, source = PRIOR_SD, PRIOR_SD_SOURCE
+        if observed is not None:
+            source += f"; not the SD {observed:.4f} of {len(diffs)} finished paired seeds (under {MIN_SEEDS_FOR_SD})"
     power = design.power(effect, sd, paths=50_000)
     return ClaimPlan(claim_id, effect, sd, source, power, design.n_max, seeds_needed(effect, sd, design.share))
 
@@ -394,7 +406,8 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
     per_run = statistics.fmean(seconds.values()) if seconds else None
     print(
         f"{name} --plan: {len(arms)} arms, alpha {alpha:.4f} per primary claim (Bonferroni over {len(primary)}); "
-        f"power at the cap of the seeds=auto design (stages of {design.stage}, cap {design.n_max}, simulated)",
+        f"power at the cap of the seeds=auto design (stages of {design.stage}, cap {design.n_max}, simulated); "
+        + sd_basis(primary, measured),
         file=out,
     )
     warnings = []
@@ -421,6 +434,18 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
     for warning in warnings:
         print(warning, file=out)
     return 0
+
+
+def sd_basis(primary: Sequence[str], measured: dict[str, list[float]]) -> str:
+    """What the plan's SDs rest on, for its first line: the runs' own where every primary claim has
+    :data:`MIN_SEEDS_FOR_SD` finished paired seeds, else the stated prior (or the observed, if larger)."""
+    fewest = min((len(measured.get(c, [])) for c in primary), default=0)
+    if fewest >= MIN_SEEDS_FOR_SD:
+        return f"SD from the finished runs ({fewest}+ paired seeds per claim)"
+    return (
+        f"under {MIN_SEEDS_FOR_SD} finished seeds per cell ({fewest} here), so SD = the prior {PRIOR_SD:g} "
+        "or the observed, whichever is larger"
+    )
 
 
 PLAN_SEEDS = 16  # --plan reads the finished runs of seeds 0..15

@@ -46,6 +46,9 @@ from results.rows.frame import validation_sets
 ARTIFACT_DIR = "report"
 SHARED_ARTIFACT_DIR = "reports"  # reports/<label>/: a report over several experiments
 PARENT_KIND = "sweep"  # the tag ``kind`` of a sweep's parent run (sweeps/sweep.py)
+# The lines a grid's job set its answer beside (mesh-demo: the decided result's regime and its own), one per
+# line, on the parent run: a later ``mesh-results`` reads them back (:func:`recorded_context`) and keeps them.
+CONTEXT_TAG = "mesh.context"
 
 
 @dataclass
@@ -66,10 +69,12 @@ def publish(
     runs: pd.DataFrame,
     experiment_ids: Mapping[str, str],
     ranking: Sequence[str] = (),
+    context: Sequence[str] = (),
 ) -> Published:
     """Everything a report writes to MLflow: colour and tag the ``runs`` (:func:`tag_runs`), write
     each experiment's views, and put ``out_dir`` on the parent run of every sweep whose cells it
-    read (:func:`publish_report`)."""
+    read (:func:`publish_report`); the grid's ``context`` lines are recorded on those parents
+    (:data:`CONTEXT_TAG`)."""
     sets = validation_sets(runs)
     tag_runs(client, runs)
     view = None
@@ -79,6 +84,9 @@ def publish(
     parents = sweep_parents(client, experiment_ids.values(), runs["run_id"])
     shared = len(experiment_ids) > 1
     written = publish_report(client, parents, out_dir, label, shared, ranking)
+    if context and not shared:
+        for parent in written:
+            client.set_tag(parent, CONTEXT_TAG, fit_tag_value("\n".join(context), "(cut)"))
     pages = [run_url(tracking_uri, client.get_run(run_id).info.experiment_id, run_id) for run_id in written]
     return Published(written, pages, artifact_dir(label, shared), view)
 
@@ -96,6 +104,21 @@ def sweep_parents(client: Any, experiment_ids: Iterable[str], run_ids: Iterable[
         if wanted & {child.info.run_id for child in children}:
             found.append(parent.info.run_id)
     return found
+
+
+def recorded_context(client: Any, experiment_ids: Iterable[str]) -> list[str]:
+    """The context lines a grid's job recorded on its sweep parent run in ``experiment_ids``
+    (:data:`CONTEXT_TAG`; the newest parent that has them), or none."""
+    ids = sorted(set(experiment_ids))
+    if not ids:
+        return []
+    found = client.search_runs(
+        ids, f"tags.kind = '{PARENT_KIND}'", max_results=1000, order_by=["attributes.start_time DESC"]
+    )
+    for parent in found:
+        if text := parent.data.tags.get(CONTEXT_TAG):
+            return text.splitlines()
+    return []
 
 
 def report_note(

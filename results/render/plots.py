@@ -255,12 +255,15 @@ def _token_ticks(ax: Any, x: str) -> None:
         ax.xaxis.set_major_formatter(EngFormatter())  # 20k, 1.6M
 
 
+# A 95% t band on 2 seeds is +-12.7 standard errors: it washed over the whole plot, so bands start at 3 seeds
+# and a row with fewer says so in the legend.
+MIN_BAND_N = 3
 BAND_MARGIN = 1.25  # the validation curves' y axis: the means' range, widened by this factor each way
 
 
 def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str) -> Any | None:
     """One panel per validation set of ``block``: each row's validation PPL over training, mean over
-    its seeds with the 95% t band (where n >= 2), in its scheme's colour (the k-th row of a scheme
+    its seeds with the 95% t band (where n >= :data:`MIN_BAND_N`; the legend says where there is none), in its scheme's colour (the k-th row of a scheme
     with the k-th line style), log y. The y axis spans the means (x/÷ :data:`BAND_MARGIN`) and the
     bands are cut at its ends: with two seeds the t band is ±12.7 standard errors, often below 0,
     which on a log axis would stretch it to 0.1 and flatten every curve. None when the block
@@ -285,8 +288,9 @@ def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str)
             color = scheme_color(row.scheme)
             style = LINE_STYLES[variants[row.label] % len(LINE_STYLES)]
             n = int(curve["n"].max())
-            ax.plot(curve[x], curve["mean"], style, color=color, marker=".", label=f"{row.label} (n={n})")
-            band = curve["low"].notna()
+            said = f"n={n}" if n >= MIN_BAND_N or n < 2 else f"n={n}, no band under {MIN_BAND_N} seeds"
+            ax.plot(curve[x], curve["mean"], style, color=color, marker=".", label=f"{row.label} ({said})")
+            band = curve["low"].notna() & (curve["n"] >= MIN_BAND_N)
             if band.any():
                 low, high = curve["low"][band].clip(lower=bottom), curve["high"][band].clip(upper=top)
                 ax.fill_between(curve[x][band], low, high, color=color, alpha=0.15, linewidth=0)

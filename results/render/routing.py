@@ -40,16 +40,24 @@ def _ticks(ax: Any, x: str) -> None:
 
 
 def coefficients_figure(results: Results, frame: pd.DataFrame) -> Any | None:
-    """The coda input's coefficient of f_K over training, one line per routed row (mean over seeds)."""
+    """The coda input's coefficient of f_K over training, one line per routed row (mean over seeds); rows
+    whose curves coincide (base, residual, anchor all pass f_K whole) share one line whose legend entry
+    names them all, instead of entries drawn on top of each other; each line its own style."""
     rows = [r for r in routed_rows(results) if last_core(r)]
     if not rows or frame.empty:
         return None
     fig, (ax,) = figure(7.5, 4.2)
     x, label = _x(frame)
+    curves: dict[tuple, tuple[pd.Series, list[Row]]] = {}  # rows whose curves coincide share one line
     for row in rows:
         key = f"routing/coef/coda/{last_core(row)}/mean"
         curve = frame[(frame["row"] == row.label) & (frame["metric"] == key)].groupby(x)["value"].mean()
-        ax.plot(curve.index, curve.values, color=scheme_color(row.scheme), marker=".", label=row.label)
+        same = (tuple(curve.index), tuple(round(float(v), 4) for v in curve.values))
+        curves.setdefault(same, (curve, []))[1].append(row)
+    for k, (curve, together) in enumerate(curves.values()):
+        label = together[0].label if len(together) == 1 else ", ".join(r.label for r in together) + " (the same curve)"
+        style = ("-", "--", "-.", ":")[k % 4]
+        ax.plot(curve.index, curve.values, style, color=scheme_color(together[0].scheme), marker=".", label=label)
     ax.axhline(0.1, color="grey", linestyle=":", linewidth=0.8)
     _ticks(ax, x)
     ax.set_xlabel(label)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from results.rows.aggregate import Block, Results, Row, decimals_for, is_accuracy
-from results.stats.comparison import delta_text
+from results.rows.aggregate import Block, Results, Row, decimals_for, is_accuracy, is_ppl
+from results.stats.comparison import Comparison, delta_text
 from results.verdicts.claims import Evaluation
 
 BASE = "base"
@@ -77,5 +77,15 @@ def ranked_cells(results: Results, block: Block, evaluations: Sequence[Evaluatio
         base = base_of(block, row)
         comparison = row.compare(base, metric) if base is not None and base is not row else None
         delta = "—" if base is row else delta_text(comparison.scaled(scale), metric, decimals) if comparison else ""
-        cells.append((row, stat.text(decimals, scale), delta, verdict(row, base, evaluations, metrics)))
+        said = verdict(row, base, evaluations, metrics)
+        if said.startswith(NO_CLAIM) and comparison is not None and comparison.tested:
+            said = untested_delta(comparison, is_ppl(metric)) + said.removeprefix(NO_CLAIM)
+        cells.append((row, stat.text(decimals, scale), delta, said))
     return cells
+
+
+def untested_delta(comparison: Comparison, log_ppl: bool = True) -> str:
+    """What stands behind a Δ that no claim tests: the one comparison per pair (Row.compare), named with
+    its p, uncorrected, so the ranking never says "not tested" beside a p the table prints."""
+    on = " on log PPL" if log_ppl else ""
+    return f"Δ by {comparison.test}{on}, p {comparison.p:.2g} (uncorrected: no claim sets this row against base)"
