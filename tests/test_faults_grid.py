@@ -225,12 +225,12 @@ def test_ctrl_c_stops_the_grid_closes_every_run_and_exits_130(tmp_path, cell):
     assert {e for e in said if " started " in e} == {"cell 1/3 started scheme=base", "cell 2/3 started scheme=mesh"}
     assert len([e for e in said if " INTERRUPTED " in e]) == 2
     # What to run next, also after Ctrl-C: the results, and the runs in the MLflow UI (the grouped view).
-    *_, results, ui = text.rstrip().splitlines()
+    # (the UI's command, "then open:" and the page each on a line of their own: copy-safe)
+    *_, results, ui, then, page = text.rstrip().splitlines()
     assert results.startswith("results: ") and results.endswith("mesh-results schemes --runs-dir runs")  # its cwd's
-    assert (
-        ui.startswith("MLflow:  ")
-        and "#/experiments/" in ui
-        and ui.endswith("/runs?workflowType=machine_learning&viewStateShareKey=mesh-grouped")
+    assert ui.startswith("MLflow:  ") and " ui --backend-store-uri " in ui and then.strip() == "then open:"
+    assert "#/experiments/" in page and page.endswith(
+        "/runs?workflowType=machine_learning&viewStateShareKey=mesh-grouped"
     )
 
     parents, cells = store(runs)

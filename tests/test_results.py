@@ -178,8 +178,10 @@ def test_table_numbers_equal_the_logged_ones(synthetic):
             assert row["eval/0shot/avg_pct_mean"] == pytest.approx(100 * statistics.fmean(zero_shots))
             assert row["eval/0shot/avg_pct_std"] == pytest.approx(100 * statistics.stdev(zero_shots))
     mesh = table[(table.scheme == "mesh") & (table.buffer_slots == "5")].iloc[0]
-    assert mesh["delta_val_ppl_vs_vanilla"] == pytest.approx(9.03 - 9.07)
-    assert mesh["delta_val_ppl_vs_base"] == pytest.approx(9.03 - 9.31)
+    # a PPL is compared on the log scale (Row.compare, as the claims): Δ is the difference of mean log PPL
+    # (the seeds spread around these means: log of the mean to 1e-5)
+    assert mesh["delta_val_ppl_vs_vanilla"] == pytest.approx(math.log(9.03) - math.log(9.07), abs=1e-5)
+    assert mesh["delta_val_ppl_vs_base"] == pytest.approx(math.log(9.03) - math.log(9.31), abs=1e-5)
     assert mesh["params_non_embedding"] == PARAMS["mesh"]
 
 
@@ -212,8 +214,9 @@ def test_best_is_bold_and_second_underlined_per_block(synthetic):
 
 
 def test_differences_carry_ci_p_and_test_in_md_tex_and_csv(synthetic):
-    vanilla, base = SYNTHETIC[0][4], SYNTHETIC[1][4]
-    mesh = SYNTHETIC[2][4]
+    # PPL on the log scale: the same test the claims run (one comparison per pair)
+    vanilla, base = [math.log(v) for v in SYNTHETIC[0][4]], [math.log(v) for v in SYNTHETIC[1][4]]
+    mesh = [math.log(v) for v in SYNTHETIC[2][4]]
     paired = scipy_stats.ttest_rel(base, vanilla)  # both rows ran seeds 0, 1, 2
     welch = scipy_stats.ttest_ind(mesh, base, equal_var=False)  # mesh ran seeds 0, 1 only
     table = pd.read_csv(synthetic / "table.csv", dtype={"buffer_slots": str})
@@ -234,7 +237,8 @@ def test_differences_carry_ci_p_and_test_in_md_tex_and_csv(synthetic):
     )
     assert row["p_val_ppl_vs_base"] == pytest.approx(welch.pvalue) and row["test_val_ppl_vs_base"] == "Welch t"
     one_seed = table[table.scheme == "anchor+anchor_emb"].iloc[0]  # n=1: the difference, no test
-    assert one_seed["delta_val_ppl_vs_base"] == pytest.approx(9.17 - 9.31) and math.isnan(one_seed["p_val_ppl_vs_base"])
+    assert one_seed["delta_val_ppl_vs_base"] == pytest.approx(math.log(9.17) - math.log(9.31), abs=1e-5)
+    assert math.isnan(one_seed["p_val_ppl_vs_base"])
 
     rows = _block_rows((synthetic / "table.md").read_text(), "pythia-410m, compute depth 24")
     header = rows["header"]
@@ -242,9 +246,14 @@ def test_differences_carry_ci_p_and_test_in_md_tex_and_csv(synthetic):
         header.index(f"{c} vs base{')' if c != 'ΔPPL' else ' (95% CI)'}") for c in ("ΔPPL", "p (PPL", "test (PPL")
     )
     mesh_cells = rows["mesh 4+8R2+4 5"]
-    assert mesh_cells[delta] == f"-0.280 \\[{interval.low:+.3f}, {interval.high:+.3f}\\]"
+    ratio = math.expm1(statistics.fmean(mesh) - statistics.fmean(base))
+    low, high = math.expm1(interval.low), math.expm1(interval.high)
+    assert mesh_cells[delta] == f"{100 * ratio:+.1f}% \\[{100 * low:+.1f}%, {100 * high:+.1f}%\\]"
     assert mesh_cells[p] == format_p(welch.pvalue) and mesh_cells[test] == "Welch t"
-    assert rows["anchor+anchor_emb 4+8R2+4"][delta] == "-0.140" and rows["anchor+anchor_emb 4+8R2+4"][test] == ""
+    assert (
+        rows["anchor+anchor_emb 4+8R2+4"][delta] == f"{100 * math.expm1(math.log(9.17 / 9.31)):+.1f}%"
+        and rows["anchor+anchor_emb 4+8R2+4"][test] == ""
+    )
     assert rows["base 4+8R2+4"][delta] == "—"
     assert rows["base 4+8R2+4"][header.index("test (PPL vs vanilla)")] == "paired t (n=3)"
     markdown = (synthetic / "table.md").read_text()
@@ -252,7 +261,8 @@ def test_differences_carry_ci_p_and_test_in_md_tex_and_csv(synthetic):
     assert "paired t-test on the per-seed differences" in markdown and "Welch-Satterthwaite" in markdown
     tex = (synthetic / "table.tex").read_text()
     assert r"$\Delta$PPL vs base (95\% CI) & p (PPL vs base) & test (PPL vs base)" in tex
-    assert "paired t (n=3)" in tex and "Welch t" in tex and f"-0.280 [{interval.low:+.3f}, {interval.high:+.3f}]" in tex
+    cell = f"{100 * ratio:+.1f}\\% [{100 * low:+.1f}\\%, {100 * high:+.1f}\\%]"  # LaTeX escapes the %
+    assert "paired t (n=3)" in tex and "Welch t" in tex and cell in tex
 
 
 def test_probe_table_cka_beside_its_floor_and_differences_vs_base(synthetic):
@@ -402,10 +412,11 @@ def test_the_report_opens_with_each_blocks_ranking_by_ppl_with_delta_vs_base_and
     mesh5 = next(p for (pr, s, _, b, p, _) in SYNTHETIC if pr == "pythia-410m" and s == "mesh" and b == "5")
     base = next(p for (pr, s, _, _, p, _) in SYNTHETIC if pr == "pythia-410m" and s == "base")
     assert rows[0][2] == f"{statistics.fmean(mesh5):.3f} ± {statistics.stdev(mesh5):.3f} (n=2)"
-    delta, ci = rows[0][3].split(" ", 1)
-    assert float(delta) == pytest.approx(statistics.fmean(mesh5) - statistics.fmean(base), abs=1e-3)
-    welch = scipy_stats.ttest_ind(mesh5, base, equal_var=False).confidence_interval(0.95)
-    assert ci == f"[{welch.low:+.3f}, {welch.high:+.3f}]"
+    delta, ci = rows[0][3].split(" ", 1)  # Δ vs base: log PPL as a ratio, the claims' own test
+    logs5, logs_base = [math.log(v) for v in mesh5], [math.log(v) for v in base]
+    assert delta == f"{100 * math.expm1(statistics.fmean(logs5) - statistics.fmean(logs_base)):+.1f}%"
+    welch = scipy_stats.ttest_ind(logs5, logs_base, equal_var=False).confidence_interval(0.95)
+    assert ci == f"[{100 * math.expm1(welch.low):+.1f}%, {100 * math.expm1(welch.high):+.1f}%]"
     assert rows[0][4] == "`mesh_below_base`: holds (n=2, fragile)"
     assert rows[1][4] == "`base_worse_than_vanilla`: holds"  # vanilla against base, the claim either way round
     # no claim sets mesh B4 against base: the Δ still names its test and p (the table's), uncorrected

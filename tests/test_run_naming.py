@@ -37,8 +37,8 @@ def open_without_training(runs_dir: Path, compose_run, *overrides: str) -> tuple
     plan = plan_run(compose_run(f"runs_dir={runs_dir}", *overrides))
     plan.run_dir.mkdir(parents=True)
     (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(plan.config))
-    record = _open_record(plan, plan.model_config)
     prepared = PreparedData(np.zeros(1000, np.uint16), {}, 512, 0, None, "shakespeare", "test")
+    record = _open_record(plan, plan.model_config, prepared)
     record.log_facts(*_run_facts(plan, plan.model_config, build_model(plan.model_config), prepared, ["shakespeare"]))
     return plan, record.client.get_run(record.run_id)
 
