@@ -33,11 +33,14 @@ demo: setup data
 
 # Every committed report under results/cpu-reproduction/ written again, whole, from the data it keeps
 # (runs.csv, curves.csv, routing.csv, report.json: no store), then the open-choices study's decision.md
-# and readouts.md from the same folders. tests/test_committed_reports.py checks the result is what is committed.
+# and readouts.md from the same folders, and last the pages that quote them (README.template.md ->
+# README.md, results/publish/quotes.py). tests/test_committed_reports.py and tests/test_quotes.py check
+# the result is what is committed.
 reports: setup
 	$(PY) -m results.commands.reports
 	$(PY) results/cpu-reproduction/one-pass/open_choices.py results/cpu-reproduction/one-pass/open_choices
 	$(PY) results/cpu-reproduction/one-pass/open_choices.py --confirmation results/cpu-reproduction/one-pass/open_choices_confirm
+	$(PY) -m results.commands.quotes
 
 check: setup
 	$(VENV)/bin/mesh-model check
