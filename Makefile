@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data data-large demo reports check params test test-gpu lint format clean slurm slurm-stop slurm-status
+.PHONY: setup data data-large demo screenshots reports check params test test-gpu lint format clean slurm slurm-stop slurm-status
 
 setup: $(STAMP)
 
@@ -30,6 +30,14 @@ data-large: setup
 # with set-up on 2 free CPU cores (10 min 21 s measured from a fresh clone), then the results table, results/schemes/report.md and how to open the MLflow UI.
 demo: setup data
 	$(VENV)/bin/mesh-demo
+
+# The MLflow UI's pages in docs/ui/ taken again from the main job's store (runs/, after make demo):
+# the grouped view's charts, routing section and table, a run's validation PPL, the parent run.
+# Installs Chromium (apt-get, as root on Debian) and Playwright when missing.
+screenshots: setup
+	command -v chromium >/dev/null || apt-get install -y chromium
+	$(PY) -m pip install -q -e ".[ui]"
+	$(PY) scripts/view_screenshots.py --out docs/ui --runs-dir runs
 
 # Every committed report under results/cpu-reproduction/ written again, whole, from the data it keeps
 # (runs.csv, curves.csv, routing.csv, report.json: no store), then the open-choices study's decision.md

@@ -176,7 +176,7 @@ def _train(plan: RunPlan, started: float, prepared: PreparedData) -> dict[str, A
     from experiments.callbacks.checkpointing import newest_intact_checkpoint
     from experiments.callbacks.timing import RunTimer
     from experiments.data.datamodule import TokenDataModule
-    from experiments.store.views import finished_run_note, set_run_description
+    from experiments.store.views import finished_run_note, run_metric_url, set_run_description
     from experiments.trainer import build_module, build_trainer, run_callbacks
 
     model_config = plan.train.model_config(padded_vocab(prepared.vocab_size))
@@ -220,6 +220,8 @@ def _train(plan: RunPlan, started: float, prepared: PreparedData) -> dict[str, A
     if record is not None:
         result["timing"] = asdict(timing := timer.finish())
         set_run_description(record.client, record.run_id, finished_run_note(result, val_names))
+        experiment_id = record.client.get_run(record.run_id).info.experiment_id
+        result["page"] = run_metric_url(plan.tracking_uri, experiment_id, record.run_id, f"val/{val_names[0]}/ppl")
         record.finish({"val_loss": result["val_loss"], **timing.as_metrics()}, trainer.global_step)
         with atomic_path(plan.result_file) as partial:  # its presence means finished: never half-written
             partial.write_text(json.dumps(result, indent=2))
@@ -469,6 +471,8 @@ def main(cfg: DictConfig) -> float:
         f"[mesh-train] val loss {result['val_loss']:.4f} ppl {result['val_ppl']:.2f} after {result['steps']} steps"
         f"{nonfinite}; MLflow run {result['run_id']}; run dir {result['run_dir']}"
     )
+    if result.get("page"):  # its validation PPL in the UI (a local store once `mlflow ui` serves it)
+        print(f"[mesh-train] validation PPL in the MLflow UI: {result['page']}")
     return result["objective"]
 
 

@@ -17,6 +17,7 @@ from experiments.console import is_terminal, progress_every_s, quiet_libraries
 from experiments.lit_module import MeshLitModule
 from experiments.plan import RunPlan
 from experiments.probing.callback import probe_callbacks
+from experiments.store.views import TOKENS_METRIC
 from mesh_model import ModelConfig
 
 
@@ -71,20 +72,40 @@ def cluster_plugins() -> list:
 
 
 class ResumedMLFlowLogger(MLFlowLogger):
-    """MLFlowLogger that leaves out, metric by metric, the steps the MLflow run already holds: a
-    run resumed from a checkpoint older than its last logged step redoes those steps (with the
-    same numbers: the data order is restored) and must not log them a second time."""
+    """MLFlowLogger that logs each step of a metric once and the tokens seen at every logged step.
 
-    def __init__(self, *args: Any, last_logged_steps: Mapping[str, int] | None = None, **kwargs: Any) -> None:
+    A run resumed from a checkpoint older than its last logged step redoes those steps (with the
+    same numbers: the data order is restored): per metric, a step at or before the last one the
+    MLflow run holds (``last_logged_steps`` at the start, then what this logger logged) is left out.
+
+    With ``tokens_per_step`` (the global batch in tokens: sequences x length x accumulation x
+    processes), every call that logs at step s also logs :data:`TOKENS_METRIC` = s x
+    ``tokens_per_step``: the tokens the model had trained on when the values were measured
+    (training at Lightning's 0-based step s, a validation after s steps), the x axis the UI's
+    charts can use instead of the step (experiments/store/views.py)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        last_logged_steps: Mapping[str, int] | None = None,
+        tokens_per_step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.last_logged_steps = dict(last_logged_steps or {})
+        self.tokens_per_step = tokens_per_step
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        if step is not None and self.last_logged_steps:
-            metrics = {k: v for k, v in metrics.items() if step > self.last_logged_steps.get(k, -1)}
-            if not metrics:
-                return
+        if step is None:
+            super().log_metrics(metrics, step)
+            return
+        if self.tokens_per_step is not None:
+            metrics = {**metrics, TOKENS_METRIC: float(step * self.tokens_per_step)}
+        metrics = {k: v for k, v in metrics.items() if step > self.last_logged_steps.get(k, -1)}
+        if not metrics:
+            return
         super().log_metrics(metrics, step)
+        self.last_logged_steps.update(dict.fromkeys(metrics, step))
 
 
 def build_trainer(
@@ -105,6 +126,7 @@ def build_trainer(
         tracking_uri=plan.tracking_uri,
         run_id=run_id,
         last_logged_steps=last_logged_steps,
+        tokens_per_step=plan.budget.tokens_per_step,
     )
     return pl.Trainer(
         plugins=cluster_plugins(),

@@ -230,7 +230,7 @@ def test_ctrl_c_stops_the_grid_closes_every_run_and_exits_130(tmp_path, cell):
     assert results.startswith("results: ") and results.endswith("mesh-results schemes --runs-dir runs")  # its cwd's
     assert ui.startswith("MLflow:  ") and " ui --backend-store-uri " in ui and then.strip() == "then open:"
     assert "#/experiments/" in page and page.endswith(
-        "/runs?workflowType=machine_learning&viewStateShareKey=mesh-grouped"
+        "/runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=mesh-grouped"
     )
 
     parents, cells = store(runs)

@@ -41,7 +41,7 @@ RUN = (
     "data.val_batches=2",
     "probes.enabled=false",
 )
-HISTORIES = ("train/loss", "lr", "val/shakespeare/loss", "val/shakespeare/ppl")
+HISTORIES = ("train/loss", "lr", "val/shakespeare/loss", "val/shakespeare/ppl", "tokens")
 
 pytestmark = pytest.mark.slow
 

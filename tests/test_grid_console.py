@@ -9,6 +9,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import mlflow
 import pytest
@@ -28,10 +29,12 @@ from experiments.store.views import (
     RUN_COLOR_TAG,
     SHARED_VIEW_TAG,
     TAG_VALUE_LIMIT,
+    TOKENS_METRIC,
     grouped_view,
     is_curve,
     key_metrics_view,
     read_view,
+    run_metric_url,
     run_url,
     runs_list_url,
     set_run_description,
@@ -39,6 +42,7 @@ from experiments.store.views import (
     write_grouped_view,
     write_key_metrics_view,
 )
+from mesh_model.probe_names import scheme_color
 from sweeps.cells import STATUSES
 from sweeps.grid import expand_cells
 from sweeps.sweep import grid_group_key, run_sweep
@@ -75,6 +79,24 @@ def test_a_run_link_opens_the_runs_page_in_machine_learning_mode():
     )
     local = "http://127.0.0.1:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
     assert run_url("sqlite:////data/runs/mlflow.db", "7", "abc") == local
+
+
+def test_a_training_runs_link_opens_its_validation_ppl_on_the_uis_metric_page():
+    """The metric page of ``val/<set>/ppl`` for that run, every JSON value percent-encoded (a
+    terminal or a Markdown note keeps the link whole), the fields in the UI's own order."""
+    url = run_metric_url("http://mlflow.lab:5000", "7", "abc", "val/shakespeare/ppl")
+    page, query = url.split("?", 1)
+    assert page == "http://mlflow.lab:5000/#/metric/"
+    fields = dict(part.split("=", 1) for part in query.split("&"))
+    assert list(fields)[:4] == ["runs", "metric", "experiments", "plot_metric_keys"]
+    decoded = {k: unquote(v) for k, v in fields.items()}
+    assert json.loads(decoded["runs"]) == ["abc"] and json.loads(decoded["experiments"]) == ["7"]
+    assert json.loads(decoded["metric"]) == "val/shakespeare/ppl"
+    assert (decoded["x_axis"], decoded["y_axis_scale"]) == ("step", "log")
+    assert not set(query) & set('"[]{}/ ')
+    assert run_metric_url("sqlite:////r/mlflow.db", "7", "abc", "val/kjv/ppl").startswith(
+        "http://127.0.0.1:5000/#/metric/?"
+    )
 
 
 def test_the_installed_mlflow_ui_reads_the_runs_page_and_workflow_type_of_that_url():
@@ -137,7 +159,7 @@ def test_the_views_open_on_validation_ppl_over_steps_on_a_log_axis_beside_its_fi
     loss on a log axis too; every chart draws every run (up to 100), not the UI's first 10."""
     view = grouped_view(["shakespeare", "kjv"], "scheme")
     first, second = view["compareRunSections"][:2]
-    assert (first["name"], first["columns"], first["cardHeight"]) == ("val/shakespeare", 2, ANSWER_HEIGHT)
+    assert (first["name"], first["columns"], first["cardHeight"]) == ("val/shakespeare", 1, ANSWER_HEIGHT)
     assert (second["name"], second["cardHeight"]) == ("val/kjv", CARD_HEIGHT) and ANSWER_HEIGHT > CARD_HEIGHT
     shown = [c for c in view["compareRunCharts"] if not c["deleted"]]
     in_first = [(c["type"], c["metricKey"]) for c in shown if c["metricSectionId"] == first["uuid"]]
@@ -215,7 +237,8 @@ def test_the_grouped_view_folds_seeds_by_the_given_tag_ranked_by_validation_ppl(
     groups = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "scheme"}]}
     assert view["groupBy"] == groups
     assert (view["orderByKey"], view["orderByAsc"]) == ("metrics.`val/shakespeare/ppl`", True)
-    assert view["useGroupedValuesInCharts"] is False  # each seed drawn, in its scheme's colour
+    assert view["useGroupedValuesInCharts"] is True  # each group's mean, with its min-max band
+    assert view["globalLineChartConfig"]["xAxisKey"] == "step"  # no run holds the tokens yet
     by_row = grouped_view(["shakespeare"], ROW_TAG)
     assert by_row["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "row"}]
     assert by_row["selectedColumns"][-1] == "tags.`row`"
@@ -224,6 +247,53 @@ def test_the_grouped_view_folds_seeds_by_the_given_tag_ranked_by_validation_ppl(
     assert write_grouped_view(client, experiment_id, ["shakespeare"], "scheme") == GROUPED_VIEW
     stored = client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW]
     assert read_view(stored) == grouped_view(["shakespeare"], "scheme")
+
+
+def test_the_grouped_view_written_to_a_store_draws_group_means_over_tokens_and_zooms_on_the_end(tmp_path):
+    """Two schemes of two seeds in a real sqlite store, with the metrics a grid logs: the written
+    view (decoded from its tag) folds the seeds by scheme into their mean with a min-max band, in
+    every line chart over the tokens seen (the UI's metric-as-x-axis), the tokens themselves without
+    a chart; the bar chart of final PPLs (drawn from 0 by the UI) gives way to the last quarter of
+    training on a range around the runs' last values; the routing section
+    charts the coda input's coefficients and MeSH's router entropies."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("views")
+    finals = {("base", 0): 101.0, ("base", 1): 103.0, ("mesh", 0): 98.0, ("mesh", 1): 99.0}
+    for (scheme, seed), final in finals.items():
+        tags = {"seed": str(seed), "scheme": scheme, RUN_COLOR_TAG: scheme_color(scheme)}
+        run_id = client.create_run(experiment_id, tags=tags).info.run_id
+        for step in range(0, 401, 50):  # validated every 50 of 400 steps of 2048 tokens
+            client.log_metric(run_id, "val/shakespeare/ppl", final + 4 * (400 - step), step=step)
+            client.log_metric(run_id, TOKENS_METRIC, 2048.0 * step, step=step)
+            client.log_metric(run_id, "routing/coef/coda/f2/mean", 1.0, step=step)
+            if scheme == "mesh":
+                client.log_metric(run_id, "routing/loop2/read/entropy", 0.5, step=step)
+        client.log_metric(run_id, "routing/coef/h0/h_emb/mean", 1.0, step=400)
+        client.set_terminated(run_id)
+    write_grouped_view(client, experiment_id, ["shakespeare"], "scheme")
+    view = read_view(client.get_experiment(experiment_id).tags[SHARED_VIEW_TAG + GROUPED_VIEW])
+    assert view["groupBy"] == {
+        "aggregateFunction": "average",
+        "groupByKeys": [{"mode": "tag", "groupByData": "scheme"}],
+    }
+    assert view["useGroupedValuesInCharts"] is True
+    assert view["globalLineChartConfig"] == {
+        "xAxisKey": "step",
+        "selectedXAxisMetricKey": "tokens",
+        "lineSmoothness": 0,
+    }
+    shown = [c for c in view["compareRunCharts"] if not c["deleted"]]
+    assert {c["type"] for c in shown} == {"LINE"} and all(c["useGlobalXaxisKey"] for c in shown)
+    assert TOKENS_METRIC in {c["metricKey"] for c in view["compareRunCharts"] if c["deleted"]}
+    sections = {s["name"]: s["uuid"] for s in view["compareRunSections"]}
+    main = [c for c in shown if c["metricSectionId"] == sections["val/shakespeare"]]
+    assert [c["metricKey"] for c in main] == ["val/shakespeare/ppl"] * 2
+    zoomed = main[1]["range"]
+    assert (zoomed["xMin"], zoomed["xMax"]) == (300, 400)  # the last quarter of 400 steps
+    low, high = min(finals.values()), max(finals.values())  # 98 and 103, the runs' last values
+    assert (zoomed["yMin"], zoomed["yMax"]) == (low - (high - low) / 4, high + (high - low) / 4)  # not from 0
+    routing = [c["metricKey"] for c in shown if c["metricSectionId"] == sections["routing"]]
+    assert routing == ["routing/coef/coda/f2/mean", "routing/loop2/read/entropy"]
 
 
 def test_the_installed_mlflow_ui_reads_a_shared_view_from_that_tag_as_plain_json():
@@ -246,6 +316,25 @@ def test_the_installed_mlflow_ui_reads_a_shared_view_from_that_tag_as_plain_json
     assert 'q="Model metrics"' in bundle
     # updateChartAndSectionConfigs sorts the sections by name only when the accordion was not reordered
     assert "!n){const e=v.filter(e=>e.name!==i.NN&&e.name!==i.rx);e.sort((e,t)=>e.name.localeCompare(t.name))" in bundle
+
+
+def test_the_installed_mlflow_ui_draws_groups_over_a_metric_axis_on_a_line_charts_range_as_the_grouped_view_asks():
+    """What the grouped view and the run links rely on, read in the UI bundle of the installed
+    MLflow: the shared view's global line chart settings (x axis ``metric`` with its metric key), a
+    line card's ``range``, a group's min-max band; what it cannot ask: a bar card has no range, and a
+    group's colour is kept in the browser's localStorage only; and the metric page's route and fields."""
+    build = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    bundle = "".join(path.read_text(errors="replace") for path in build.glob("*.js"))
+    assert '"hideEmptyCharts","globalLineChartConfig","chartsSearchFilter"]' in bundle  # shared UI state fields
+    assert 'globalLineChartConfig:{xAxisKey:i.fj.STEP,lineSmoothness:0,selectedXAxisMetricKey:""}' in bundle
+    assert 'e.STEP="step",e.TIME="time",e.TIME_RELATIVE="time-relative"' in bundle and 'e.METRIC="metric",e}' in bundle
+    assert "this.range={xMin:void 0,xMax:void 0,yMin:void 0,yMax:void 0},this.xAxisKey=r.fj.STEP" in bundle  # LINE
+    assert 'this.type=c.BAR,this.metricKey="",this.selectedMetricKeys=void 0,this.datasetName=void 0,' in bundle
+    assert "is-band" in bundle  # the band a group's runs span
+    assert 'const c="experimentRunColors",u=()=>{const e=window.localStorage.getItem(c)' in bundle
+    assert 'static get metricPage(){return(0,r.Oz)("/metric/*")}' in bundle
+    for field in ("runs", "metric", "experiments", "plot_metric_keys", "x_axis", "y_axis_scale"):
+        assert f"&{field}=" in bundle or f"?{field}=" in bundle, field
 
 
 def test_the_installed_mlflow_ui_shares_grouping_search_filter_and_listed_charts_as_the_views_use_them():

@@ -140,7 +140,7 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     assert "`" not in ranking.split("\n\n")[0] and "**" not in printed and "<u>" not in printed
     assert printed.count("MLflow:") == 1
     assert f"{out / 'report.md'}" in printed and f"ui --backend-store-uri {store}" in printed
-    page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=mesh-grouped"
+    page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=mesh-grouped"
     # every command and URL on its own line, nothing glued to it (a comma once named a new store `mlflow.db,`)
     command = f"{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri {store}"
     assert f"MLflow:  {command}\n         then open:\n         {page}\n" in printed

@@ -10,6 +10,7 @@ import shlex
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from experiments.console import script_command
 from mesh_model.probe_names import scheme_color
@@ -33,10 +34,14 @@ MODEL_METRICS_SECTION = "Model metrics"  # the UI's chart section of the metrics
 SPEED_SECTION = "Speed"
 ROUTING_SECTION = "routing"  # how the loop passes state (experiments/probing/state_routing.py)
 SPEED_METRICS = ("train/tokens_per_s",)  # a curve; time/steps_per_s is one value at the end (a column)
+# Tokens trained on so far at a logged step (experiments/trainer.py logs it with every curve): the
+# grouped view's x axis, no chart of its own.
+TOKENS_METRIC = "tokens"
 # Metrics that say how a run or a grid was set up, not how runs compare: no chart in the views.
 # cells_<status>: a sweep's parent run, one per status of sweeps/cells.py STATUSES.
 BOOKKEEPING_METRICS = (
     "epoch",
+    TOKENS_METRIC,
     "global_batch",
     "tokens_per_step",
     "tokens_planned",
@@ -59,6 +64,7 @@ SINGLE_VALUE_METRICS = (
     ),
 )
 CURVE_PREFIXES = ("train/", "routing/")  # logged over steps, with val/<set>/ppl and lr
+FINAL_STRETCH = 0.25  # the part of training the grouped view's zoomed chart shows (grouped_view)
 ANSWER_HEIGHT = 520  # px: the main validation set's charts, two side by side
 CARD_HEIGHT = 360  # the UI's default height of a chart
 # Only training runs (every one is tagged with its seed; a sweep's parent run is not): the parent,
@@ -88,6 +94,17 @@ def single_value_metrics(metrics: Iterable[str]) -> list[str]:
     return [m for m in dict.fromkeys(metrics) if not is_curve(m) and m not in listed]
 
 
+def routing_curves(metrics: Iterable[str]) -> list[str]:
+    """The ``metrics`` the routing section charts, as the report's routing figures read them
+    (results/render/routing.py): the coda input's coefficients (every looped scheme: a fixed one is
+    a flat line, base's f_K at 1) and MeSH's router entropies (``routing/<router>/<kind>/entropy``,
+    which only MeSH logs), each once, in that order."""
+    keys = list(dict.fromkeys(metrics))
+    coda = sorted(m for m in keys if m.startswith(f"{ROUTING_SECTION}/coef/coda/") and m.endswith("/mean"))
+    entropies = sorted(m for m in keys if m.startswith(f"{ROUTING_SECTION}/") and m.endswith("/entropy"))
+    return [*coda, *entropies]
+
+
 def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> dict[str, Any]:
     """The runs page as a grid is read: every training run in one flat list (a sort other than by
     date stops MLflow nesting cells under the sweep's collapsed parent; the parent itself is left
@@ -98,7 +115,9 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
 
     The charts open on the answer: the main validation set's section first, its perplexity over
     steps on a log axis beside a bar chart of each run's final perplexity, two to a row and
-    :data:`ANSWER_HEIGHT` high; then the other validation sets, training, routing and speed. A
+    :data:`ANSWER_HEIGHT` high; then the other validation sets, training, routing (the coda input's
+    coefficients and MeSH's router entropies, :func:`routing_curves`; the other ``routing/*``
+    metrics in sections of their own after these) and speed. A
     metric that is not a curve (:func:`is_curve`: the bookkeeping, the parameter counts, the
     timings, and of ``metrics``, the keys in the store, the probes' summaries (every other probe
     value is in each run's ``probes/final/probes.csv``, not a metric) and the validation losses)
@@ -120,6 +139,7 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
         ppl, section = f"val/{s}/ppl", sections[f"val/{s}"]
         charts += [_line_chart(ppl, section, log=True), _bar_chart(ppl, section)]
     charts.append(_line_chart("train/loss", sections["train"], log=True))
+    charts += [_line_chart(m, sections[ROUTING_SECTION]) for m in routing_curves(metrics)]
     charts += [_line_chart(m, sections[SPEED_SECTION]) for m in SPEED_METRICS]
     hidden = [*BOOKKEEPING_METRICS, *SINGLE_VALUE_METRICS, *(f"val/{s}/loss" for s in sets)]
     hidden += single_value_metrics(metrics)
@@ -146,26 +166,121 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
     }
 
 
-def grouped_view(val_sets: Sequence[str], group_by: str, metrics: Iterable[str] = ()) -> dict[str, Any]:
+def grouped_view(
+    val_sets: Sequence[str],
+    group_by: str,
+    metrics: Iterable[str] = (),
+    final_ranges: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, Any]:
     """:func:`key_metrics_view` with the seeds of a row folded into one group: the finished training
     runs grouped by the tag ``group_by`` (``scheme`` where the grid varies only the scheme, else
-    :data:`ROW_TAG`, the config without its seed), each group showing the average of its runs, the
-    groups ranked by the main set's validation PPL. The charts draw every seed in its scheme's
-    colour (``useGroupedValuesInCharts`` off: MLflow colours a group by a hash of its name and keeps
-    a chosen colour only in the browser); the spread between seeds is what they show."""
+    :data:`ROW_TAG`, the config without its seed), the groups ranked by the main set's validation
+    PPL, each group a row of the table (its runs under it) and one curve in every chart: the mean
+    over its runs (``aggregateFunction`` average) with a band from their minimum to their maximum
+    (``useGroupedValuesInCharts``), named in the legend by its ``group_by`` value (the scheme).
+
+    The line charts draw over steps; once the runs hold :data:`TOKENS_METRIC` (in ``metrics``) it
+    is the metric the UI's x-axis setting offers first (``globalLineChartConfig``'s
+    ``selectedXAxisMetricKey``: choose "Metric" as the x axis). It is not the default: MLflow 3.17.2
+    draws a group's curves against a metric x axis at wrong x values where that metric is logged
+    at more steps than the curve (``tokens`` at every training log, ``val/*`` at validations).
+    One chart a row: a card's legend is 32 px high, two lines of names. Where
+    ``final_ranges`` (:func:`final_stretch_range`) holds a range for a validation set's PPL, the bar
+    chart of its final values (drawn by the UI from 0, where close values look equal) gives way to
+    the same curves on that range: the last quarter of training, zoomed so the rows separate.
+
+    MLflow (3.17) keeps a group's colour in the browser only (``localStorage``), not in a view:
+    a group is drawn in a colour hashed from its name until one is picked in the runs table; the
+    runs under it keep their scheme's colour (:data:`RUN_COLOR_TAG`)."""
     view = key_metrics_view(val_sets, metrics)
     sets = list(dict.fromkeys(val_sets))
+    tokens = TOKENS_METRIC in set(metrics)
     view.update(
         {
             "searchFilter": f"{TRAINING_RUNS_FILTER} AND attributes.status = 'FINISHED'",
             "orderByKey": f"metrics.`val/{sets[0]}/ppl`" if sets else "metrics.`val_loss`",
             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": group_by}]},
-            "useGroupedValuesInCharts": False,
+            "useGroupedValuesInCharts": True,
+            "globalLineChartConfig": {
+                "xAxisKey": "step",
+                "selectedXAxisMetricKey": TOKENS_METRIC if tokens else "",
+                "lineSmoothness": 0,
+            },
         }
     )
+    for section in view["compareRunSections"]:
+        section["columns"] = 1  # a chart the section's width: its legend (32 px high) names more groups
+    for i, card in enumerate(view["compareRunCharts"]):
+        metric = card["metricKey"]
+        if card["type"] == "BAR" and final_ranges and metric in final_ranges:
+            view["compareRunCharts"][i] = {
+                **_line_chart(metric, card["metricSectionId"]),
+                "uuid": f"{card['metricSectionId']}-final-{metric}",
+                "displayName": f"{metric}: last quarter of training, zoomed",
+                "range": dict(final_ranges[metric]),
+            }
     if group_by != "scheme":
         view["selectedColumns"].append(f"tags.`{group_by}`")
     return view
+
+
+def final_stretch_range(client: Any, experiment_id: str, metric: str, tokens: bool) -> dict[str, float] | None:
+    """The range of a line chart that shows ``metric`` over the last quarter of training
+    (:data:`FINAL_STRETCH`) of the finished training runs of ``experiment_id``: x over those steps
+    (the tokens seen at them when ``tokens``), y around every run's last value, from the lowest to
+    the highest with a quarter of that spread on each side (1% of the value when all are equal), so
+    that the rows' ends stand apart and the curves come into view as they settle. None when no run
+    logged ``metric``."""
+    runs = client.search_runs(
+        [experiment_id], f"{TRAINING_RUNS_FILTER} AND attributes.status = 'FINISHED'", max_results=10_000
+    )
+    xs: list[float] = []
+    finals: list[float] = []
+    for run in runs:
+        if metric not in run.data.metrics:
+            continue
+        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+        at: dict[int, float] = {}
+        if tokens:
+            at = {m.step: m.value for m in client.get_metric_history(run.info.run_id, TOKENS_METRIC)}
+        last = history[-1].step
+        finals.append(history[-1].value)
+        for m in history:
+            if m.step >= last * (1 - FINAL_STRETCH) and (not tokens or m.step in at):
+                xs.append(at[m.step] if tokens else float(m.step))
+    if not finals or not xs:
+        return None
+    low, high = min(finals), max(finals)
+    margin = (high - low) / 4 if high > low else abs(high) / 100 or 1.0
+    return {"xMin": min(xs), "xMax": max(xs), "yMin": low - margin, "yMax": high + margin}
+
+
+GROUP_COLORS_KEY = "experimentRunColors"  # where the UI keeps a group's colour: the browser's localStorage
+
+
+def group_colors(client: Any, experiment_id: str, group_by: str) -> dict[str, str]:
+    """The colour of each group of :func:`grouped_view` in its scheme's colour, keyed as the UI
+    keys a group (``tag.<group_by>.<value>``): MLflow (3.17) keeps these in the browser, under
+    :data:`GROUP_COLORS_KEY`, never in the store, so a view cannot set them (see
+    :func:`group_colors_script`)."""
+    runs = client.search_runs([experiment_id], TRAINING_RUNS_FILTER, max_results=10_000)
+    colors = {}
+    for run in runs:
+        tags = run.data.tags
+        if tags.get(group_by) and tags.get("scheme"):
+            colors[f"tag.{group_by}.{tags[group_by]}"] = run_color(tags["scheme"])
+    return dict(sorted(colors.items()))
+
+
+def group_colors_script(colors: Mapping[str, str]) -> str:
+    """One line of JavaScript that gives the UI's groups ``colors`` (:func:`group_colors`), as
+    picking each in the runs table would: pasted into the browser's console on the UI's page,
+    then the page reloaded. Other colours kept there stay."""
+    keyed = json.dumps(dict(colors))
+    return (
+        f"localStorage.setItem('{GROUP_COLORS_KEY}', JSON.stringify(Object.assign("
+        f"JSON.parse(localStorage.getItem('{GROUP_COLORS_KEY}') || '{{}}'), {keyed})))"
+    )
 
 
 def _card(kind: str, metric: str, section: str, deleted: bool) -> dict[str, Any]:
@@ -236,9 +351,17 @@ def write_key_metrics_view(client: Any, experiment_id: str, val_sets: Sequence[s
 
 def write_grouped_view(client: Any, experiment_id: str, val_sets: Sequence[str], group_by: str) -> str:
     """Keep :func:`grouped_view` in the experiment (replacing an earlier one), as
-    :func:`write_key_metrics_view` does; its key. A grid writes it when it starts (sweeps/sweep.py),
-    ``mesh-results`` again once the runs hold every metric (results/publish/parents.py)."""
-    view = grouped_view(val_sets, group_by, logged_metrics(client, experiment_id))
+    :func:`write_key_metrics_view` does, with the final stretch of each validation set's PPL on the
+    range its runs span there (:func:`final_stretch_range`); its key. A grid writes it when it
+    starts (sweeps/sweep.py), ``mesh-results`` again once the runs hold every metric
+    (results/publish/parents.py)."""
+    metrics = logged_metrics(client, experiment_id)
+    ranges = {}
+    for s in dict.fromkeys(val_sets):
+        found = final_stretch_range(client, experiment_id, f"val/{s}/ppl", tokens=False)
+        if found is not None:
+            ranges[f"val/{s}/ppl"] = found
+    view = grouped_view(val_sets, group_by, metrics, ranges)
     client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + GROUPED_VIEW, encode_view(view))
     return GROUPED_VIEW
 
@@ -262,11 +385,13 @@ def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None
     server; for any other store (a local sqlite file), the ``mlflow ui`` command that serves it,
     then the page at :data:`LOCAL_UI`: each on its own line (the next ones after ``indent``) with
     nothing glued to it, so a copied command or URL is only that (a trailing comma once named a new,
-    empty store ``mlflow.db,``).
+    empty store ``mlflow.db,``). The grouped view (:data:`GROUPED_VIEW`) opens on its charts.
 
     ``workflowType=machine_learning`` opens the runs table: MLflow 3's UI otherwise opens an
     experiment on its GenAI view (traces), whatever the experiment holds."""
     page = f"#/experiments/{experiment_id}/runs?{WORKFLOW}"
+    if view == GROUPED_VIEW:  # opens on its charts (the groups' means and bands), the runs listed beside
+        page += "&compareRunsMode=CHART"
     if view:
         page += f"&viewStateShareKey={view}"
     if tracking_uri.startswith(("http://", "https://")):
@@ -276,8 +401,23 @@ def runs_list_url(tracking_uri: str, experiment_id: str, view: str | None = None
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """The page of one run in the MLflow UI (on a local store, once :func:`ui_command` serves it),
-    in the UI's machine-learning mode (see :func:`runs_list_url`)."""
+    in the UI's machine-learning mode (see :func:`runs_list_url`): its overview, the note first (a
+    sweep's parent run, whose note is the report)."""
     return _ui_page(tracking_uri, f"#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}")
+
+
+def run_metric_url(tracking_uri: str, experiment_id: str, run_id: str, metric: str) -> str:
+    """The UI's page of one metric of one run (its route ``/metric``, the page a run's metric opens),
+    on a log y axis: a training run's link, on ``val/<set>/ppl``, so it opens on the validation PPL
+    rather than on the run page's charts, which the UI orders by name (``probe/*`` before ``val/*``).
+    Every value is percent-encoded, so a terminal or a Markdown note keeps the link whole."""
+    as_json = {"runs": [run_id], "metric": metric, "experiments": [experiment_id], "plot_metric_keys": [metric]}
+    as_json.update({"plot_layout": {}})
+    plain = {"x_axis": "step", "y_axis_scale": "log", "line_smoothness": "1", "show_point": "false"}
+    after = {"deselected_curves": [], "last_linear_y_axis_range": []}  # the UI's order of the fields
+    values = {**{k: json.dumps(v) for k, v in as_json.items()}, **plain, **{k: json.dumps(v) for k, v in after.items()}}
+    fields = "&".join(f"{k}={quote(v, safe='')}" for k, v in values.items())
+    return _ui_page(tracking_uri, f"#/metric/?{fields}")
 
 
 def fit_tag_value(text: str, cut_line: str) -> str:
