@@ -29,6 +29,7 @@ from experiments.store.views import (
     ROW_TAG,
     RUN_COLOR_TAG,
     SHARED_VIEW_TAG,
+    final_stretch_range,
     grouped_view,
     key_metrics_view,
     logged_metrics,
@@ -465,7 +466,12 @@ def test_runs_are_coloured_by_scheme_tagged_with_their_row_and_grouped_by_row_wh
     assert rows["failed-run"] is None and rows["unfinished-run"] is None  # in no row of the table
     views = client.get_experiment(experiment.experiment_id).tags
     logged = logged_metrics(client, experiment.experiment_id)
-    assert read_view(views[SHARED_VIEW_TAG + GROUPED_VIEW]) == grouped_view(["pile"], ROW_TAG, logged)
+    final = final_stretch_range(client, experiment.experiment_id, "val/pile/ppl", tokens=False)
+    assert final is not None and final["yMin"] < final["yMax"]  # the rows' final PPLs differ
+    view = read_view(views[SHARED_VIEW_TAG + GROUPED_VIEW])
+    assert view == grouped_view(["pile"], ROW_TAG, logged, {"val/pile/ppl": final})
+    zoomed = [c for c in view["compareRunCharts"] if c["metricKey"] == "val/pile/ppl" and c["range"]]
+    assert [c["type"] for c in zoomed] == ["LINE"] and zoomed[0]["range"] == final  # no bar chart from 0
     assert read_view(views[SHARED_VIEW_TAG + KEY_METRICS_VIEW]) == key_metrics_view(["pile"], logged)
 
 
