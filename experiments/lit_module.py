@@ -49,21 +49,34 @@ def parameter_groups(
 
 
 # Devices with torch's fused AdamW kernel: one pass over each parameter's four tensors instead of
-# a dozen elementwise ops (3.1x less optimizer time on CPU at tiny, benchmarks/README.md). Its
-# arithmetic is AdamW's, in another order: parameters agree with the for-loop form to float
-# rounding (tests/test_optimizer.py). A checkpoint keeps its optimizer's form on resume.
+# a dozen elementwise ops (about 3x less optimizer time on CPU, benchmarks/README.md). Its
+# arithmetic is AdamW's, in another order: losses and parameters agree with the for-loop form to
+# float rounding (tests/test_optimizer.py). A checkpoint keeps its optimizer's form on resume.
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
+def fused_adamw_fits(model: torch.nn.Module, precision: str = "32-true") -> bool:
+    """Whether :func:`adamw` fuses: every parameter on a device with the kernel, and no mixed
+    precision (``16-mixed``, ``bf16-mixed``), where Lightning refuses gradient clipping with an
+    optimizer that unscales its own gradients, as the fused one does; there torch's default (the
+    multi-tensor ``foreach`` form on CUDA) runs."""
+    on_devices = all(p.device.type in FUSED_ADAMW_DEVICES for p in model.parameters())
+    return on_devices and not str(precision).endswith("-mixed")
+
+
 def adamw(
-    model: torch.nn.Module, optim: OptimConfig, peak_lr: float, fused: bool | None = None
+    model: torch.nn.Module,
+    optim: OptimConfig,
+    peak_lr: float,
+    fused: bool | None = None,
+    precision: str = "32-true",
 ) -> torch.optim.AdamW:
-    """The paper's AdamW over ``model``'s parameter groups (:func:`parameter_groups`), fused where
-    the parameters' device has the kernel (``fused`` None) or as asked."""
+    """The paper's AdamW over ``model``'s parameter groups (:func:`parameter_groups`): fused where
+    :func:`fused_adamw_fits` (``fused`` None), or as asked."""
     groups = parameter_groups(model, optim.weight_decay, peak_lr, optim.router_lr_scale)
     if fused is None:
-        fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in model.parameters())
-    return torch.optim.AdamW(groups, lr=peak_lr, betas=tuple(optim.betas), fused=fused)
+        fused = fused_adamw_fits(model, precision)
+    return torch.optim.AdamW(groups, lr=peak_lr, betas=tuple(optim.betas), fused=fused or None)
 
 
 class MeshLitModule(pl.LightningModule):
@@ -188,7 +201,8 @@ class MeshLitModule(pl.LightningModule):
             self.logger.log_metrics(metrics, step=self.trainer.global_step)
 
     def configure_optimizers(self):
-        optimizer = adamw(self.model, self.optim, self.peak_lr)
+        precision = str(self._trainer.precision) if self._trainer is not None else "32-true"
+        optimizer = adamw(self.model, self.optim, self.peak_lr, precision=precision)
         schedule = partial(
             lr_multiplier,
             max_steps=self.max_steps,
