@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             gaps.append(largest_gap(losses["packed"], losses["sequential"]))
             print(f"    packed / sequential = {packed[-1] / sequential[-1]:.3f}; largest final-loss gap {gaps[-1]:.1e}")
 
-    cells = 6 * args.seeds
+    cells = len(losses["packed"])
     print(f"\n{SWEEP} grid, {cells} cells x {args.steps} steps, {args.pairs} interleaved pair(s)")
     ratio = paired_ratio(packed, sequential)
     print(f"packed / sequential wall time: {ratio.format()} (median [95% interval]), spread {ratio.spread()}")

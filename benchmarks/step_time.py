@@ -82,7 +82,9 @@ def setup_step(kind: str, preset: str, layout: str | None, scheme: str, seq: int
     )
     if kind == "hf":
         model = to_hf_gpt_neox(model).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # Each side's trainer's AdamW on CPU: fused (experiments.lit_module.adamw; HF's Trainer
+    # defaults to adamw_torch_fused from torch 2.8).
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     return model, optimizer, torch.randint(0, config.vocab_size, (batch, seq))
 
 

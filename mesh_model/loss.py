@@ -67,14 +67,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
             stop = min(start + rows, hidden.shape[0])
             h, chunk_scale = hidden[start:stop], scale[start:stop, None]
             logits = _at_least_fp32(h @ weight.t())
-            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             target_logits = logits.gather(1, safe_targets[start:stop])
-            loss += ((lse - target_logits) * chunk_scale).sum()
             if grad_hidden is None and grad_weight is None:
+                lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+                loss += ((lse - target_logits) * chunk_scale).sum()
                 continue
-            probs = logits.sub_(lse).exp_()  # softmax, in place of the logits
-            probs.scatter_add_(1, safe_targets[start:stop], -torch.ones_like(target_logits))
-            grad_logits = probs.mul_(chunk_scale).to(matmul_dtype)  # one cast, used by both matmuls
+            # logsumexp and the softmax from one exp pass, in place of the logits: lse = m + log s
+            # with s = sum exp(logits - m), the softmax exp(logits - m) / s.
+            peak = logits.amax(dim=-1, keepdim=True)
+            exps = logits.sub_(peak).exp_()
+            total = exps.sum(dim=-1, keepdim=True)
+            loss += ((peak + total.log() - target_logits) * chunk_scale).sum()
+            probs = exps.mul_(chunk_scale / total)  # the softmax, scaled by each row's weight in the mean
+            probs.scatter_add_(1, safe_targets[start:stop], -chunk_scale)  # minus the one-hot, scaled
+            grad_logits = probs.to(matmul_dtype)  # one cast, used by both matmuls
             if grad_hidden is not None:
                 grad_hidden[start:stop] = grad_logits @ weight
             if grad_weight is not None:

@@ -1,12 +1,14 @@
 """Shared fixtures: the tiny-run overrides, a compose helper, and one trained tiny run per session.
 
 Under pytest-xdist every worker is its own session: it trains its own ``tiny_run`` in its own
-temporary folder, so workers never share a store.
+temporary folder, so workers never share a store. What tests only read, and what takes long to
+make, is made once for all workers by ``shared_once``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from typing import Any
 import mlflow
 import pytest
 import torch
+from filelock import FileLock
 from omegaconf import DictConfig
 
 from experiments.compose import compose_config
@@ -93,6 +96,28 @@ def _signal_handlers_left_as_found():
     assert not changed, (
         f"the test left signal handlers changed: { {signal.Signals(s).name: h for s, h in changed.items()} }"
     )
+
+
+@pytest.fixture(scope="session")
+def shared_once(tmp_path_factory, worker_id) -> Callable[[str, Callable[[Path], None]], Path]:
+    """``shared_once(name, build)``: a folder ``build(folder)`` filled once per test session, by the
+    first pytest-xdist worker that asks (the others wait on a file lock, then reuse it). For what
+    tests only read: a folder whose build failed is built again by the next worker that asks."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # every worker's base folder is in the session's
+        root = root.parent
+
+    def shared(name: str, build: Callable[[Path], None]) -> Path:
+        folder = root / f"shared-{name}"
+        with FileLock(f"{folder}.lock"):
+            if not (folder / ".built").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)
+                (folder / ".built").touch()
+        return folder
+
+    return shared
 
 
 @pytest.fixture(scope="session")

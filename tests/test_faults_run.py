@@ -86,14 +86,19 @@ def record(runs_dir: Path):
     return found.info.status, found.data.tags, histories
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    runs_dir = tmp_path_factory.mktemp("uninterrupted")
-    result = run(runs_dir)
-    assert result.returncode == 0, result.stderr
-    status, _, histories = record(runs_dir)
-    assert status == "FINISHED" and [s for s, _ in histories["val/shakespeare/loss"]] == [20, 40]
-    return histories
+@pytest.fixture(scope="session")
+def uninterrupted(shared_once):
+    """The metric histories of RUN left uninterrupted, trained once for every xdist worker."""
+
+    def train(folder: Path) -> None:
+        result = run(folder)
+        assert result.returncode == 0, result.stderr
+        status, _, histories = record(folder)
+        assert status == "FINISHED" and [s for s, _ in histories["val/shakespeare/loss"]] == [20, 40]
+        (folder / "histories.json").write_text(json.dumps(histories))
+
+    histories = json.loads((shared_once("uninterrupted", train) / "histories.json").read_text())
+    return {key: [tuple(point) for point in points] for key, points in histories.items()}
 
 
 def signal_after_first_checkpoint(runs_dir: Path, sig: int) -> tuple[int, str, str, dict[str, str]]:

@@ -179,7 +179,9 @@ def test_the_throughput_benchmark_reads_its_runs_from_the_store_they_went_to(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere}")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     cell = [o for o in grid_cell_overrides() if o.split("=")[0] not in ("max_steps", "val_every", "checkpoint_every")]
-    assert grid_throughput.main(["--steps", "2", "--seeds", "1", "--pairs", "1", *cell]) == 0
+    # two of the grid's six schemes: what is checked is where the runs go and are read from
+    assert grid_throughput.main(["--steps", "2", "--seeds", "1", "--pairs", "1", *cell, "scheme=base,mesh"]) == 0
     printed = capsys.readouterr().out
+    assert "schemes grid, 2 cells x 2 steps" in printed
     assert "final train loss, largest relative gap: " in printed
     assert not elsewhere.exists()  # every run went to, and was read from, the grid's own fresh store
