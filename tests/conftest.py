@@ -103,12 +103,12 @@ def _signal_handlers_left_as_found():
 
 
 @pytest.fixture(scope="session")
-def shared_once(tmp_path_factory, worker_id) -> Callable[[str, Callable[[Path], None]], Path]:
+def shared_once(tmp_path_factory) -> Callable[[str, Callable[[Path], None]], Path]:
     """``shared_once(name, build)``: a folder ``build(folder)`` filled once per test session, by the
     first pytest-xdist worker that asks (the others wait on a file lock, then reuse it). For what
     tests only read: a folder whose build failed is built again by the next worker that asks."""
     root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":  # every worker's base folder is in the session's
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker's base folder is in the session's
         root = root.parent
 
     def shared(name: str, build: Callable[[Path], None]) -> Path:

@@ -131,12 +131,13 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tm
     assert code == -signal.SIGKILL
     assert record(tmp_path)[0] == "RUNNING"  # nobody could say otherwise; the resume takes it over
     last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
-    last.write_bytes(last.read_bytes()[:1000])  # damaged, and the newest file: step20.ckpt must be used
+    (older,) = last.parent.glob("step*.ckpt")  # step20.ckpt, or step30.ckpt where 10 steps take < 0.5 s
+    last.write_bytes(last.read_bytes()[:1000])  # damaged, and the newest file: the older one must be used
     again = run(tmp_path)
     assert again.returncode == 0, again.stderr
     damaged = [line for line in again.stderr.splitlines() if line.startswith("[mesh-train]") and "damaged" in line]
     assert damaged == [f"[mesh-train] {last} is damaged (truncated or not a checkpoint); trying an older one"]
-    assert f"[mesh-train] resuming from {last.parent / 'step20.ckpt'}" in again.stderr.splitlines()
+    assert f"[mesh-train] resuming from {older}" in again.stderr.splitlines()
     assert "not resumable" not in again.stderr
     assert_same_as_uninterrupted(tmp_path, uninterrupted)
     # steps/s counts the steps this process trained (those after step 20), not the global step's 40.
