@@ -24,6 +24,7 @@ from experiments.data.config import DataConfig
 from experiments.identity import MODEL_AXES, canonical_variant, model_config_for
 from experiments.loops import LoopsConfig
 from mesh_model import ConfigError, ModelConfig, did_you_mean
+from mesh_model.depth import EXIT_CRITERIA, LOOP_RULES
 from mesh_model.scheme_names import NAMED_SCHEMES, UNKNOWN_SCHEME
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
@@ -230,6 +231,47 @@ class ProbeConfig:
 
 
 @dataclass
+class DepthEvalConfig:
+    """The run's depth evaluation once it has finished (``mesh-eval RUN --loops ... --exit ...`` on its
+    last checkpoint, in the training process; docs/depth.md), so a grid's cells are evaluated as they
+    end, on any launcher. Nothing runs while ``loops`` is null and ``exit`` empty (the default). A
+    finished run that is run again is evaluated then if its last step has no ``eval/depth-step<N>/``
+    yet, so a grid re-run after this was added to its sweep file evaluates the cells it had trained.
+    Not part of a run's identity (experiments/identity.py).
+    """
+
+    loops: list[int] | None = None  # the test-time loop counts; [] = 1..4K; null = no depth curve
+    rules: list[str] = field(default_factory=lambda: list(LOOP_RULES))  # MeSH/static/dynamic: each rule past K
+    exit: list[str] = field(default_factory=list)  # per-token exit criteria: state, output
+    exit_eps: list[float] = field(default_factory=lambda: [0.0, 0.001, 0.003, 0.01, 0.03, 0.1])
+    exit_loops: int | None = None  # the most core steps a token may run under exit (null: the run's K)
+
+    @property
+    def enabled(self) -> bool:
+        return self.loops is not None or bool(self.exit)
+
+    def validate(self) -> None:
+        for k in self.loops or []:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ConfigError("depth_eval.loops", list(self.loops or []), "loop counts are integers >= 1, e.g. [1,2,4,8]")
+        for rule in self.rules:
+            if rule not in LOOP_RULES:
+                raise ConfigError("depth_eval.rules", rule, f"use {', '.join(LOOP_RULES)} (docs/depth.md)")
+        if not self.rules:
+            raise ConfigError("depth_eval.rules", [], f"name at least one of {', '.join(LOOP_RULES)}")
+        for criterion in self.exit:
+            if criterion not in EXIT_CRITERIA:
+                raise ConfigError("depth_eval.exit", criterion, f"use {', '.join(EXIT_CRITERIA)} (docs/depth.md)")
+        for eps in self.exit_eps:
+            if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
+                raise ConfigError("depth_eval.exit_eps", eps, "thresholds are finite numbers >= 0")
+        if self.exit and not self.exit_eps:
+            raise ConfigError("depth_eval.exit_eps", [], "give at least one threshold, e.g. [0, 0.01]")
+        if self.exit_loops is not None:
+            _at_least("depth_eval.exit_loops", self.exit_loops, 1)
+
+
+@dataclass
 class SearchConfig:
     """An Optuna search (run by ``mesh-sweep``, see sweeps/search.py), declared in a sweep file.
 
@@ -286,6 +328,7 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    depth_eval: DepthEvalConfig = field(default_factory=DepthEvalConfig)  # after training (docs/depth.md)
 
     # How long the run is, in optimizer steps; null: 200, or what ``tokens`` comes to.
     max_steps: int | None = None
@@ -331,7 +374,7 @@ class TrainConfig:
             raise ConfigError("runs_dir", self.runs_dir, "give a folder for the runs (default: runs)")
         if self.log_level is not None and str(self.log_level).lower() not in LOG_LEVELS:
             raise ConfigError("log_level", self.log_level, f"use null (warning) or one of {', '.join(LOG_LEVELS)}")
-        for part in (self.data, self.trainer, self.optim, self.loops, self.tracking, self.probes, self.search):
+        for part in (self.data, self.trainer, self.optim, self.loops, self.tracking, self.probes, self.search, self.depth_eval):
             part.validate()
         self.model_config()
 

@@ -30,6 +30,7 @@ RUN_INVARIANT_KEYS = (
     "runs_dir",
     "resume",
     "probes",
+    "depth_eval",  # evaluations of the finished run (docs/depth.md)
     "search",
     "data.num_workers",
     "data.cache_dir",

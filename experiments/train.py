@@ -62,11 +62,38 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 locks.enter_context(RunLock(plan.run_dir))
         if plan.train.resume and plan.result_file.exists():
             print(f"[mesh-train] already finished: {plan.run_dir}", file=sys.stderr)
-            return json.loads(plan.result_file.read_text())
-        if launched_rank() == 0:
-            _say_other_lengths(plan)
-        with isolated_tracking_uri():
-            return _train(plan, started, prepared)
+            result = json.loads(plan.result_file.read_text())
+        else:
+            if launched_rank() == 0:
+                _say_other_lengths(plan)
+            with isolated_tracking_uri():
+                result = _train(plan, started, prepared)
+        if launched_rank() == 0 and plan.train.depth_eval.enabled:
+            _evaluate_depth(plan)
+        return result
+
+
+def _evaluate_depth(plan: RunPlan) -> None:
+    """``depth_eval``: the finished run at other loop counts and under a per-token exit, as
+    ``mesh-eval RUN --loops/--exit`` evaluates it (logged into its MLflow run), unless its last
+    checkpoint was evaluated under these settings already. A failure fails the cell, not the run:
+    the run stays FINISHED and a re-run evaluates it again."""
+    import torch
+
+    from experiments.evaluation.depth import DepthSettings, evaluated_with, run_depth
+    from experiments.evaluation.evaluate import EvalSettings, resolve_target
+
+    asked = plan.train.depth_eval
+    settings = DepthSettings(list(asked.loops) if asked.loops is not None else None, list(asked.rules),
+                             list(asked.exit), [float(e) for e in asked.exit_eps], asked.exit_loops)  # fmt: skip
+    if evaluated_with(plan.run_dir, settings):
+        print(f"[mesh-train] depth evaluation: done already ({plan.run_dir / 'eval'})", file=sys.stderr)
+        return
+    target = resolve_target(EvalSettings(target=str(plan.run_dir), tracking_uri=plan.tracking_uri))
+    device = "cuda" if torch.cuda.is_available() and plan.train.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
+    report = run_depth(target, settings, device)
+    files = ", ".join(str(path) for path in report["files"])
+    print(f"[mesh-train] depth evaluation at step {report['step']}: {files}", file=sys.stderr)
 
 
 def _other_tokenizer(plan: RunPlan, prepared: PreparedData) -> RunPlan | None:

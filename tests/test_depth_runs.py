@@ -212,3 +212,53 @@ def test_the_stability_monitor_logs_at_every_validation(tiny_run):
         history = tiny_run.client.get_metric_history(tiny_run.run_id, key)
         assert sorted(m.step for m in history) == [5, 10], key
         assert all(math.isfinite(m.value) and m.value >= 0 for m in history)
+
+
+# --- depth_eval: a grid's cells evaluated as they end ------------------------------------------------
+
+
+def test_a_run_with_depth_eval_is_evaluated_once_when_it_ends_and_again_only_for_new_settings(
+    compose_run, tmp_path, capsys
+):
+    from experiments.train import train
+
+    short = ("scheme=mesh", "max_steps=4", "val_every=4", "probes.enabled=false", "data.seq_len=32")
+    asked = ("depth_eval.loops=[1,3]", "depth_eval.exit=[state]", "depth_eval.exit_eps=[0,1e9]")
+    cfg = compose_run(*short, *asked, f"runs_dir={tmp_path}")
+    plain = compose_run(*short, f"runs_dir={tmp_path}")
+    assert plan_run(cfg).config_hash == plan_run(plain).config_hash  # an evaluation is not the run's identity
+    result = train(cfg)
+    run_dir = Path(result["run_dir"])
+    folder = run_dir / "eval" / "depth-step4"
+    depth = folder / "depth.csv"
+    assert depth.read_text().splitlines()[0] == "loops,rule,set,loss,ppl" and len(depth.read_text().splitlines()) == 5
+    assert "[mesh-train] depth evaluation at step 4" in capsys.readouterr().err
+    client = __import__("mlflow").MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    at = {m.step: m.value for m in client.get_metric_history(result["run_id"], "depth/shakespeare/loss")}
+    assert sorted(at) == [1, 3] and {m.step for m in client.get_metric_history(result["run_id"], "exit/state/eps")} == {0, 1}
+    # its final validation loss is the K' = K pass's: the K = 2 row of a second list, on the finished run
+    stamp = depth.stat().st_mtime_ns
+    assert train(cfg)["run_id"] == result["run_id"] and depth.stat().st_mtime_ns == stamp  # done already
+    assert "done already" in capsys.readouterr().err
+    train(compose_run(*short, "depth_eval.loops=[2]", "depth_eval.rules=[last]", f"runs_dir={tmp_path}"))
+    (row,) = [line.split(",") for line in depth.read_text().splitlines()[1:]]
+    assert row[:2] == ["2", "last"] and float(row[3]) == pytest.approx(result["val_loss"], rel=1e-7, abs=0)
+    capsys.readouterr()
+    assert train(plain)["run_id"] == result["run_id"]  # no depth_eval: nothing evaluated, nothing said
+    assert "depth evaluation" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("depth_eval.loops=[0,2]", "depth_eval.loops=[0, 2]"),
+        ("depth_eval.rules=[first]", "depth_eval.rules='first'"),
+        ("depth_eval.exit=[entropy]", "depth_eval.exit='entropy'"),
+        ("depth_eval.exit_eps=[-1]", "depth_eval.exit_eps=-1"),
+        ("depth_eval.exit_loops=0", "depth_eval.exit_loops=0"),
+    ],
+)
+def test_bad_depth_eval_settings_are_refused_in_one_line_before_training(override, field, compose_run, tmp_path):
+    with pytest.raises(InputError) as error:
+        plan_run(compose_run(override, f"runs_dir={tmp_path}"))
+    assert str(error.value).startswith(field) and "\n" not in str(error.value)

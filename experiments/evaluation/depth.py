@@ -17,9 +17,10 @@ Logged into the run's MLflow run (docs/depth.md):
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,24 @@ def write_csv(rows: list[dict], path: Path) -> Path:
     return path
 
 
+SETTINGS_FILE = "settings.json"  # what an ``eval/depth-step<N>/`` folder was evaluated under
+
+
+def evaluated_with(run_dir: Path, settings: DepthSettings) -> bool:
+    """True when the run's newest depth evaluation (the highest ``eval/depth-step<N>/``) holds the
+    CSVs of ``settings`` and the step equals the run's finished step (``result.json``)."""
+    result = run_dir / "result.json"
+    if not result.is_file():
+        return False
+    step = json.loads(result.read_text()).get("steps")
+    folder = run_dir / "eval" / f"depth-step{step}"
+    recorded = folder / SETTINGS_FILE
+    if not recorded.is_file() or json.loads(recorded.read_text()) != asdict(settings):
+        return False
+    wanted = (["depth.csv"] if settings.loops is not None else []) + (["exit.csv"] if settings.exit else [])
+    return all((folder / name).is_file() for name in wanted)
+
+
 def run_depth(target: Any, settings: DepthSettings, device: str = "cpu", mlflow: bool = True) -> dict[str, Any]:
     """Evaluate ``target`` (an ``evaluate.Target``), write the CSVs, log them; the report."""
     files = target.files
@@ -203,6 +222,8 @@ def run_depth(target: Any, settings: DepthSettings, device: str = "cpu", mlflow:
         for path in paths:
             client.log_artifact(target.run_id, str(path), artifact_path="depth")
         print(f"[mesh-eval] {logged} depth/exit metrics logged to MLflow run {target.run_id}", file=sys.stderr)
+    if paths:  # last, once logged: a folder with it is complete (evaluated_with)
+        (folder / SETTINGS_FILE).write_text(json.dumps(asdict(settings)))
     return {**report, "files": paths}
 
 
@@ -219,4 +240,4 @@ def depth_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DepthSettings", "depth_summary", "evaluate_depth", "run_depth", "validation_losses"]
+__all__ = ["DepthSettings", "depth_summary", "evaluate_depth", "evaluated_with", "run_depth", "validation_losses"]
