@@ -253,7 +253,9 @@ class DepthEvalConfig:
     def validate(self) -> None:
         for k in self.loops or []:
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ConfigError("depth_eval.loops", list(self.loops or []), "loop counts are integers >= 1, e.g. [1,2,4,8]")
+                raise ConfigError(
+                    "depth_eval.loops", list(self.loops or []), "loop counts are integers >= 1, e.g. [1,2,4,8]"
+                )
         for rule in self.rules:
             if rule not in LOOP_RULES:
                 raise ConfigError("depth_eval.rules", rule, f"use {', '.join(LOOP_RULES)} (docs/depth.md)")
@@ -374,7 +376,16 @@ class TrainConfig:
             raise ConfigError("runs_dir", self.runs_dir, "give a folder for the runs (default: runs)")
         if self.log_level is not None and str(self.log_level).lower() not in LOG_LEVELS:
             raise ConfigError("log_level", self.log_level, f"use null (warning) or one of {', '.join(LOG_LEVELS)}")
-        for part in (self.data, self.trainer, self.optim, self.loops, self.tracking, self.probes, self.search, self.depth_eval):
+        for part in (
+            self.data,
+            self.trainer,
+            self.optim,
+            self.loops,
+            self.tracking,
+            self.probes,
+            self.search,
+            self.depth_eval,
+        ):
             part.validate()
         self.model_config()
 

@@ -80,17 +80,20 @@ def _evaluate_depth(plan: RunPlan) -> None:
     the run stays FINISHED and a re-run evaluates it again."""
     import torch
 
-    from experiments.evaluation.depth import DepthSettings, evaluated_with, run_depth
+    from experiments.evaluation.depth import DepthSettings, run_depth
+    from experiments.evaluation.depth_record import evaluated_with
     from experiments.evaluation.evaluate import EvalSettings, resolve_target
 
     asked = plan.train.depth_eval
     settings = DepthSettings(list(asked.loops) if asked.loops is not None else None, list(asked.rules),
                              list(asked.exit), [float(e) for e in asked.exit_eps], asked.exit_loops)  # fmt: skip
-    if evaluated_with(plan.run_dir, settings):
+    if evaluated_with(plan.run_dir, asdict(settings)):
         print(f"[mesh-train] depth evaluation: done already ({plan.run_dir / 'eval'})", file=sys.stderr)
         return
     target = resolve_target(EvalSettings(target=str(plan.run_dir), tracking_uri=plan.tracking_uri))
-    device = "cuda" if torch.cuda.is_available() and plan.train.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
+    device = (
+        "cuda" if torch.cuda.is_available() and plan.train.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
+    )
     report = run_depth(target, settings, device)
     files = ", ".join(str(path) for path in report["files"])
     print(f"[mesh-train] depth evaluation at step {report['step']}: {files}", file=sys.stderr)

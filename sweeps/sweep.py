@@ -52,6 +52,7 @@ from typing import TextIO
 
 from experiments.budget import tokens_text
 from experiments.console import quiet_libraries, take_verbose_flag, timestamp
+from experiments.evaluation.depth_record import evaluation_pending
 from experiments.locks import RunInUseError, RunLock
 from experiments.overrides import OverrideError
 from experiments.plan import InputError, RunPlan
@@ -130,7 +131,11 @@ def run_sweep(
     # detached grid's jobs outlive it, and refuse_live_jobs sees those.
     with RunLock(sweep_dir, "grid"):
         refuse_live_jobs(sweep_dir, name, arguments)
-        finished = [plan.result_file.exists() for plan in plans]  # read once: packing and skipping agree
+        # read once: packing and skipping agree; a finished run whose depth_eval is not done runs again
+        # (train() then only evaluates it)
+        finished = [
+            plan.result_file.exists() and not evaluation_pending(plan.run_dir, plan.train.depth_eval) for plan in plans
+        ]
         packing = launch.launcher.prepare([plan for plan, done in zip(plans, finished, strict=True) if not done])
         shared = [o for o in cells[0].overrides if o != f"+sweep={name}" and o not in cells[0].label.split()]
         tags = invocation_tags(command, launch)

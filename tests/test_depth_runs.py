@@ -235,7 +235,10 @@ def test_a_run_with_depth_eval_is_evaluated_once_when_it_ends_and_again_only_for
     assert "[mesh-train] depth evaluation at step 4" in capsys.readouterr().err
     client = __import__("mlflow").MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     at = {m.step: m.value for m in client.get_metric_history(result["run_id"], "depth/shakespeare/loss")}
-    assert sorted(at) == [1, 3] and {m.step for m in client.get_metric_history(result["run_id"], "exit/state/eps")} == {0, 1}
+    assert sorted(at) == [1, 3] and {m.step for m in client.get_metric_history(result["run_id"], "exit/state/eps")} == {
+        0,
+        1,
+    }
     # its final validation loss is the K' = K pass's: the K = 2 row of a second list, on the finished run
     stamp = depth.stat().st_mtime_ns
     assert train(cfg)["run_id"] == result["run_id"] and depth.stat().st_mtime_ns == stamp  # done already
@@ -262,3 +265,28 @@ def test_bad_depth_eval_settings_are_refused_in_one_line_before_training(overrid
     with pytest.raises(InputError) as error:
         plan_run(compose_run(override, f"runs_dir={tmp_path}"))
     assert str(error.value).startswith(field) and "\n" not in str(error.value)
+
+
+def test_a_grid_rerun_with_depth_eval_evaluates_the_cells_it_had_trained_and_then_nothing(
+    grid_cell_overrides, tmp_path
+):
+    import io
+
+    from sweeps.sweep import run_sweep
+
+    args = [
+        *grid_cell_overrides("scheme=mesh", "probes.enabled=false"),
+        "seeds=1",
+        "launcher=local",
+        f"runs_dir={tmp_path}",
+    ]
+    asked = ["depth_eval.loops=[1,3]", "depth_eval.rules=[last]"]
+    said = []
+    for extra in ([], asked, asked):
+        out = io.StringIO()
+        assert run_sweep("schemes", [*args, *extra], out=out) == 0
+        said.append(out.getvalue())
+    assert "0 already finished, 1 to run" in said[0] and "0 already finished, 1 to run" in said[1]
+    assert "1 already finished, 0 to run" in said[2]
+    (depth,) = tmp_path.glob("schemes/*/eval/depth-step6/depth.csv")
+    assert [line.split(",")[:2] for line in depth.read_text().splitlines()[1:]] == [["1", "last"], ["3", "last"]]

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from experiments.checkpoints import RunInputError, load_model
+from experiments.evaluation.depth_record import SETTINGS_FILE, evaluated_with
 from mesh_model import ConfigError
 from mesh_model.depth import EXIT_CRITERIA, LOOP_RULES, Depth, ExitRule
 
@@ -178,24 +179,6 @@ def write_csv(rows: list[dict], path: Path) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
-
-
-SETTINGS_FILE = "settings.json"  # what an ``eval/depth-step<N>/`` folder was evaluated under
-
-
-def evaluated_with(run_dir: Path, settings: DepthSettings) -> bool:
-    """True when the run's newest depth evaluation (the highest ``eval/depth-step<N>/``) holds the
-    CSVs of ``settings`` and the step equals the run's finished step (``result.json``)."""
-    result = run_dir / "result.json"
-    if not result.is_file():
-        return False
-    step = json.loads(result.read_text()).get("steps")
-    folder = run_dir / "eval" / f"depth-step{step}"
-    recorded = folder / SETTINGS_FILE
-    if not recorded.is_file() or json.loads(recorded.read_text()) != asdict(settings):
-        return False
-    wanted = (["depth.csv"] if settings.loops is not None else []) + (["exit.csv"] if settings.exit else [])
-    return all((folder / name).is_file() for name in wanted)
 
 
 def run_depth(target: Any, settings: DepthSettings, device: str = "cpu", mlflow: bool = True) -> dict[str, Any]:
