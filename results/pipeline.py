@@ -27,6 +27,7 @@ from results.publish import parents
 from results.publish.folder import REPORT, report_folder
 from results.render import answer, formats, plots, tables
 from results.render.claims_md import write_claims
+from results.render.depth import write_depth_study
 from results.render.lr import write_lr_sensitivity
 from results.render.output import Output
 from results.render.ranking import ranking
@@ -34,6 +35,7 @@ from results.render.report_md import render_report
 from results.render.routing import plot_routing
 from results.rows.aggregate import Results, aggregate
 from results.rows.curves import FILE as FILE_CURVES
+from results.rows.depth import DEPTH_FILE, EXIT_FILE, DepthData, depth_arms
 from results.rows.frame import ResultsError, runs_table
 from results.rows.paper import PaperRow, load_paper_numbers
 from results.rows.routing import FILE as FILE_ROUTING
@@ -42,15 +44,18 @@ from results.runs import store
 from results.runs.committed import (
     probe_report_files,
     read_curves_csv,
+    read_depth_csvs,
     read_histories_csv,
     read_routing_csv,
     read_runs_csv,
 )
 from results.runs.curves import read_curves
+from results.runs.depth import read_depth
 from results.runs.routing import read_routing
 from results.runs.stages import STAGES, read_confirmatory, read_design, read_stages
 from results.verdicts.claims import Evaluation
 from results.verdicts.decide import decide
+from results.verdicts.depth import decide_depth
 from results.verdicts.over_training import claim_deltas, primary_claims
 
 FIGURES = "figures"
@@ -69,6 +74,7 @@ class RunData:
     train_loss: pd.DataFrame | None = None  # None where the folder never kept it
     probe_files: dict[str, Path] = field(default_factory=dict)  # run id -> its probes.json
     stages: Path | None = None  # the seeds=auto grid's stages.json, from its parent run
+    depth: DepthData = field(default_factory=DepthData)  # the runs' depth and exit curves (depth.csv, exit.csv)
 
 
 def build_report(
@@ -107,6 +113,7 @@ def build_report(
             store.metric_histories(client, finished, "train/loss"),
             _probe_files(client, results, Path(downloads)),
             store.stages_file(client, results.runs, Path(downloads)),
+            read_depth(client, results, Path(downloads)),
         )
         output = write_report(folder, spec, data, results, paper, final=out)
     output = output.moved_to(out)
@@ -135,6 +142,7 @@ def rebuild_report(folder: str | Path, paper_file: str | Path | None = None) -> 
         read_routing_csv(folder / FILE_ROUTING),
         read_histories_csv(folder / TRAIN_LOSS),
         probe_report_files(folder / PROBE_REPORTS),
+        depth=read_depth_csvs(folder),
     )
     with report_folder(folder) as new:
         output = write_report(new, spec, data, results, paper, final=folder)
@@ -192,6 +200,12 @@ def write_report(
     if data.curves is not None:
         _plot_over_training(output, results, data.curves, figures)
     output.lr_section, lr_files = write_lr_sensitivity(results, out, figures)
+    arms = depth_arms(results, data.depth)  # the depth study's rule, decided once
+    depth = write_depth_study(results, arms, decide_depth(arms), out, figures)
+    output.depth_section, depth_tables, depth_figures = depth
+    output.tables += depth_tables
+    for key, paths in depth_figures.items():
+        output.figures[key] = paths
     output.tables += [p for p in lr_files if p.suffix == ".csv"]
     if lr_files:
         output.figures["lr_sensitivity"] = [p for p in lr_files if p.suffix != ".csv"]
@@ -233,6 +247,10 @@ def _write_data(output: Output, spec: ReportSpec, data: RunData, results: Result
         data.routing.to_csv(output.routing_csv, index=False)
     if data.train_loss is not None:
         data.train_loss.to_csv(out / TRAIN_LOSS, index=False)
+    if not data.depth.depth.empty:
+        data.depth.depth.to_csv(out / DEPTH_FILE, index=False)
+    if not data.depth.exit.empty:
+        data.depth.exit.to_csv(out / EXIT_FILE, index=False)
     if output.design is not None and output.design.log.name == STAGES:
         shutil.copyfile(output.design.log, out / STAGES)
         output.design = replace(output.design, log=out / STAGES)
@@ -280,7 +298,7 @@ def rebuild_claims(
     out.mkdir(parents=True, exist_ok=True)
     if csv.resolve() != (out / RUNS_CSV).resolve():
         shutil.copyfile(csv, out / RUNS_CSV)
-    for kept in (FILE_CURVES, FILE_ROUTING, TRAIN_LOSS):
+    for kept in (FILE_CURVES, FILE_ROUTING, TRAIN_LOSS, DEPTH_FILE, EXIT_FILE):
         if (csv.parent / kept).is_file() and csv.parent.resolve() != out.resolve():
             shutil.copyfile(csv.parent / kept, out / kept)
     if name or experiments or not (out / "report.json").is_file():

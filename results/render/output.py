@@ -31,6 +31,7 @@ class Output:
     experiment_ids: dict[str, str] = field(default_factory=dict)  # name -> id of the experiments read
     view: str | None = None  # the grouped view written to those experiments (experiments.store.views)
     lr_section: list[str] = field(default_factory=list)  # each variant's best LR, where LRs vary
+    depth_section: list[str] = field(default_factory=list)  # the loop count at test time (results/render/depth.py)
     opening: list[str] = field(default_factory=list)  # what report.md, claims.md and the parents open with
     design: DesignRecord | None = None  # the seeds=auto design whose decisions are the primary verdicts
     folder_name: str = ""  # the report folder's own name (out_dir is written beside it, then moved)

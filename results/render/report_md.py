@@ -279,6 +279,8 @@ def render_report(
         lines += ["", "## Ranking", "", *ranked]
     if output.lr_section:
         lines += ["", *output.lr_section]
+    if output.depth_section:
+        lines += ["", *output.depth_section]
     if output.evaluations:
         lines += claims_section(output, out)
     lines += ["", "## Main table", ""]

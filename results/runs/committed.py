@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from results.rows.depth import DepthData
 from results.rows.frame import PARAM_COLUMN, READ_ERROR, RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
 
 TEXT_COLUMNS = ("run_id", "run_name", "experiment", "status", *TAG_COLUMNS, READ_ERROR)
@@ -116,3 +117,18 @@ def read_histories_csv(path: Path) -> pd.DataFrame | None:
 def probe_report_files(folder: Path) -> dict[str, Path]:
     """run id -> its final ``probes.json`` kept under ``probe_reports/`` (none when not kept)."""
     return {p.stem: p for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
+def read_depth_csvs(folder: Path) -> DepthData:
+    """A report's ``depth.csv`` and ``exit.csv`` (the depth study's curves); empty where not kept."""
+    from results.rows.depth import DEPTH_COLUMNS, DEPTH_FILE, EXIT_COLUMNS, EXIT_FILE
+
+    frames = []
+    for name, columns in ((DEPTH_FILE, DEPTH_COLUMNS), (EXIT_FILE, EXIT_COLUMNS)):
+        path = folder / name
+        frames.append(
+            pd.read_csv(path, dtype={"run_id": str, "rule": str, "set": str, "criterion": str})
+            if path.is_file()
+            else pd.DataFrame(columns=list(columns))
+        )
+    return DepthData(*frames)

@@ -1,0 +1,136 @@
+"""The depth study's report (results/stats/shape.py, results/verdicts/depth.py, results/rows/depth.py,
+results/render/depth.py): the intervals equal scipy's, the declared words follow the intervals, exit
+curves are read where they are measured and nowhere else, and on a real tiny depth grid the report
+says what its runs' CSVs say, built from the store and rebuilt from its folder to the same bytes."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from results.rows.aggregate import Row
+from results.rows.depth import DepthArm
+from results.stats.shape import MeanInterval, t_interval, value_at
+from results.verdicts.depth import decide_depth, difference, shape
+
+
+@pytest.mark.parametrize("values", [[0.1, -0.02, 0.05], [1.0, 2.0], [-0.3, -0.1, -0.25, -0.2, 0.05]])
+def test_the_interval_of_a_mean_of_paired_differences_is_scipys(values):
+    mine = t_interval(values)
+    theirs = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    assert (mine.low, mine.high) == pytest.approx((theirs.low, theirs.high), rel=1e-12)
+    assert mine.mean == pytest.approx(np.mean(values)) and mine.sd == pytest.approx(np.std(values, ddof=1))
+    assert t_interval([0.2]).n == 1 and math.isnan(t_interval([0.2]).low)
+    assert t_interval([math.nan, 0.1, 0.3]).n == 2  # a seed without the value is left out
+
+
+def test_a_declared_words_follow_the_interval():
+    def interval(low, high):
+        return MeanInterval(3, (low + high) / 2, 0.1, low, high)
+
+    assert shape(interval(-0.05, -0.001)) == "improves"
+    assert shape(interval(0.002, 0.3)) == "worsens"
+    assert shape(interval(-0.009, 0.0095)) == "flat"
+    assert shape(interval(-0.02, 0.005)) == "inconclusive"
+    assert shape(MeanInterval(1, 0.5, math.nan, math.nan, math.nan)) == "inconclusive"
+    assert [difference(interval(*e)) for e in [(-0.2, -0.1), (0.1, 0.2), (-0.005, 0.005), (-0.1, 0.1)]] == [
+        "lower", "higher", "equal", "inconclusive",
+    ]  # fmt: skip
+
+
+def test_an_exit_curve_is_read_between_its_thresholds_and_nowhere_else():
+    loops_used = [8.0, 8.0, 5.0, 2.0, 1.0]  # eps rising: fewer steps per token
+    ppl = [200.0, 200.0, 100.0, 60.0, 70.0]
+    assert value_at(loops_used, ppl, 6.0) == pytest.approx(100 + (200 - 100) * (6 - 5) / (8 - 5))
+    assert value_at(loops_used, ppl, 2.0) == 60.0 and value_at(loops_used, ppl, 1.5) == pytest.approx(65.0)
+    assert math.isnan(value_at(loops_used, ppl, 0.5)) and math.isnan(value_at([8.0, 7.5], [1.0, 2.0], 2.0))
+
+
+def _arm(loss: dict[int, list[float]], training="fixed", rule=None, scheme="base") -> DepthArm:
+    seeds = ["0", "1", "2"]
+    row = Row("tiny", scheme, "1+2R2+1", "", "", [f"r{s}" for s in seeds], seeds, {})
+    frame = pd.DataFrame(loss, index=seeds)
+    return DepthArm(row, training, rule, 2, seeds, frame, pd.DataFrame(), {})
+
+
+def test_the_declared_rule_on_constructed_arms():
+    at2 = [4.0, 4.1, 4.2]
+    worsens = _arm({2: at2, 4: [4.3, 4.45, 4.52], 8: [5.0, 5.1, 5.3]})
+    flat = _arm({2: at2, 4: [4.001, 4.099, 4.2005], 8: [4.05, 4.05, 4.25]}, training="uniform")
+    findings = decide_depth([worsens, flat])
+    assert [s.verdict for s in findings.shapes] == [{4: "worsens", 8: "worsens"}, {4: "flat", 8: "inconclusive"}]
+    d4 = [0.3, 0.35, 0.32]
+    expected = stats.ttest_1samp(d4, 0).confidence_interval(0.95)
+    assert (findings.shapes[0].d[4].low, findings.shapes[0].d[4].high) == pytest.approx(tuple(expected))
+    (pair,) = findings.sampled_vs_fixed  # sampled minus fixed, seed by seed
+    diffs = [0.001 - 0.3, -0.001 - 0.35, 0.0005 - 0.32]
+    assert pair.interval.mean == pytest.approx(np.mean(diffs)) and pair.word == "lower"
+
+
+@pytest.fixture(scope="module")
+def depth_grid(tmp_path_factory, grid_cell_overrides):
+    """The depth sweep on a tiny budget: MeSH at fixed K = 2 and at uniform K in 1..3, base at fixed K, 2 seeds,
+    each cell evaluated as it ends (the sweep file's depth_eval: loops 1..8, exits with room for 8)."""
+    from sweeps.sweep import run_sweep
+
+    runs = tmp_path_factory.mktemp("depth_grid")
+    cells = grid_cell_overrides("data=shakespeare", "probes.enabled=false")
+    grid = ["seed=200,201", "launcher=local", f"runs_dir={runs}"]
+    assert run_sweep("depth", [*cells, *grid, "scheme=mesh", "loops=fixed,uniform"], out=io.StringIO()) == 0
+    assert run_sweep("depth", [*cells, *grid, "scheme=base", "loops=fixed"], out=io.StringIO()) == 0
+    return runs
+
+
+def _runs_csv(runs, name):
+    """Every run's own evaluation CSV by (scheme, training, seed): what the report must agree with."""
+    frames = {}
+    for path in runs.glob(f"depth/*/eval/depth-step6/{name}"):
+        run_dir = path.parents[2]
+        training = "uniform" if "distribution: uniform" in (run_dir / "config.yaml").read_text() else "fixed"
+        parts = run_dir.name.split("-")  # tiny-1+2R2+1-<scheme>[-B<slots>]-s<seed>-<hash>
+        scheme, seed = parts[2], parts[-2]
+        frames[(scheme, training, seed)] = pd.read_csv(path)
+    return frames
+
+
+def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_bytes(depth_grid, tmp_path):
+    from results.pipeline import build_report, rebuild_report
+    from results.render.depth import SECTION
+
+    out = tmp_path / "report"
+    build_report("depth", ["depth"], f"sqlite:///{depth_grid / 'mlflow.db'}", out, publish_to_parents=False)
+    text = (out / "report.md").read_text()
+    assert SECTION in text and "figures/depth_curves.png" in text and "figures/exit_curves.png" in text
+    table = pd.read_csv(out / "depth_ppl.csv")
+    assert sorted(set(table["arm"])) == [
+        "base, fixed K = 2", "mesh, fixed K = 2, rule cycle", "mesh, fixed K = 2, rule last",
+        "mesh, sampled K, rule last",
+    ]  # fmt: skip
+    runs = _runs_csv(depth_grid, "depth.csv")
+    assert len(runs) == 6
+    for (scheme, _, _), frame in runs.items():  # every run evaluated 1..8 under its rules
+        assert sorted(set(frame["loops"])) == [1, 2, 3, 4, 6, 8]
+        assert set(frame["rule"]) == ({"last", "cycle"} if scheme == "mesh" else {"last"})
+    # the table's base fixed-K PPL at each K' is the mean over seeds of exp(loss) in the runs' own files
+    base = [f for (s, t, _), f in runs.items() if (s, t) == ("base", "fixed")]
+    for k in (1, 2, 8):
+        mine = table[(table["arm"] == "base, fixed K = 2") & (table["loops"] == k)]["ppl_mean"].item()
+        assert mine == pytest.approx(np.mean([math.exp(f[f["loops"] == k]["loss"].item()) for f in base]), rel=1e-9)
+    # its shape verdict at K' = 4 is the declared rule on d4 per seed, by scipy
+    d4 = [f[f["loops"] == 4]["loss"].item() - f[f["loops"] == 2]["loss"].item() for f in base]
+    ci = stats.ttest_1samp(d4, 0).confidence_interval(0.95)
+    verdicts = pd.read_csv(out / "depth_verdicts.csv")
+    line = verdicts[(verdicts["kind"] == "shape") & (verdicts["arm"] == "base, fixed K = 2") & (verdicts["loops"] == 4)]
+    assert (line["d_low"].item(), line["d_high"].item()) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert line["verdict"].item() == shape(t_interval(d4))
+    assert set(verdicts["kind"]) == {"shape", "sampled_minus_fixed", "cycle_minus_last"}
+    exits = pd.read_csv(out / "exit_points.csv")
+    assert set(exits["loops_per_token"]) == {2.0, 4.0, 6.0} and set(exits["criterion"]) == {"state", "output"}
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    rebuild_report(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept
