@@ -103,7 +103,8 @@ def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_b
     from results.render.depth import SECTION
 
     out = tmp_path / "report"
-    build_report("depth", ["depth"], f"sqlite:///{depth_grid / 'mlflow.db'}", out, publish_to_parents=False)
+    uri = f"sqlite:///{depth_grid / 'mlflow.db'}"
+    build_report("depth", ["depth"], uri, out)
     text = (out / "report.md").read_text()
     assert SECTION in text and "figures/depth_curves.png" in text and "figures/exit_curves.png" in text
     table = pd.read_csv(out / "depth_ppl.csv")
@@ -134,3 +135,21 @@ def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_b
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     rebuild_report(out)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept
+    # MLflow's grouped view (rewritten by the report) charts the depth curves: each group's mean over
+    # its seeds at every loop count, the run's own rule first, the losses hidden
+    import mlflow
+
+    from experiments.store.views import GROUPED_VIEW, SHARED_VIEW_TAG, read_view
+
+    experiment = mlflow.MlflowClient(uri).get_experiment_by_name("depth")
+    view = read_view(experiment.tags[SHARED_VIEW_TAG + GROUPED_VIEW])
+    sections = {sec["uuid"]: sec["name"] for sec in view["compareRunSections"]}
+    drawn = [c for c in view["compareRunCharts"] if not c["deleted"]]
+    depth = [c["metricKey"] for c in drawn if sections[c["metricSectionId"]] == "depth"]
+    assert depth[0] == "depth/shakespeare/ppl" and {"depth/last/shakespeare/ppl", "depth/cycle/shakespeare/ppl"} <= set(
+        depth
+    )
+    exits = {c["metricKey"] for c in drawn if sections[c["metricSectionId"]] == "exit"}
+    assert {"exit/state/shakespeare/ppl", "exit/output/shakespeare/loops_used"} <= exits
+    hidden = {c["metricKey"] for c in view["compareRunCharts"] if c["deleted"]}
+    assert {"depth/shakespeare/loss", "exit/state/eps"} <= hidden and view["groupBy"]["groupByKeys"][0]["groupByData"]

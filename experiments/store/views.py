@@ -33,6 +33,7 @@ VIEW_COMPRESSION = "deflate;"  # the UI's prefix of a compressed tag value (pako
 MODEL_METRICS_SECTION = "Model metrics"  # the UI's chart section of the metrics without a "/"
 SPEED_SECTION = "Speed"
 ROUTING_SECTION = "routing"  # how the loop passes state (experiments/probing/state_routing.py)
+DEPTH_SECTION, EXIT_SECTION = "depth", "exit"  # a run at other loop counts, and under a per-token exit (docs/depth.md)
 SPEED_METRICS = ("train/tokens_per_s",)  # a curve; time/steps_per_s is one value at the end (a column)
 # Tokens trained on so far at a logged step (experiments/trainer.py logs it with every curve): the
 # grouped view's x axis, no chart of its own.
@@ -81,10 +82,26 @@ def run_color(scheme: str) -> str:
 
 def is_curve(metric: str) -> bool:
     """Whether the views chart ``metric``: a validation perplexity, a training or routing metric, the
-    learning rate (values over steps); not a validation loss (the log of its perplexity)."""
-    if metric.startswith("val/"):
+    learning rate (values over steps), a depth curve's perplexity (over the loop count) and an exit
+    curve's perplexity and loops per token (over its thresholds); not a loss (the log of its
+    perplexity) nor an exit threshold itself."""
+    if metric.startswith(("val/", f"{DEPTH_SECTION}/")):
         return metric.endswith("/ppl")
+    if metric.startswith(f"{EXIT_SECTION}/"):
+        return metric.endswith(("/ppl", "/loops_used"))
     return metric == "lr" or metric.startswith(CURVE_PREFIXES)
+
+
+def depth_curves(metrics: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The ``metrics`` the depth and exit sections chart (``mesh-eval --loops/--exit``, a run's
+    ``depth_eval``; MLflow step = the loop count, or the threshold's index): each depth curve's PPL,
+    the run's own rule first, then each exit criterion's PPL and loops per token."""
+    keys = list(dict.fromkeys(metrics))
+    depth = sorted(
+        (m for m in keys if m.startswith(f"{DEPTH_SECTION}/") and is_curve(m)), key=lambda m: (m.count("/"), m)
+    )
+    exits = sorted(m for m in keys if m.startswith(f"{EXIT_SECTION}/") and is_curve(m))
+    return depth, exits
 
 
 def single_value_metrics(metrics: Iterable[str]) -> list[str]:
@@ -117,7 +134,9 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
     steps on a log axis beside a bar chart of each run's final perplexity, two to a row and
     :data:`ANSWER_HEIGHT` high; then the other validation sets, training, routing (the coda input's
     coefficients and MeSH's router entropies, :func:`routing_curves`; the other ``routing/*``
-    metrics in sections of their own after these) and speed. A
+    metrics in sections of their own after these), the depth and exit curves where runs have them
+    (:func:`depth_curves`: PPL over the test-time loop count, and over the exit thresholds) and
+    speed. A
     metric that is not a curve (:func:`is_curve`: the bookkeeping, the parameter counts, the
     timings, and of ``metrics``, the keys in the store, the probes' summaries (every other probe
     value is in each run's ``probes/final/probes.csv``, not a metric) and the validation losses)
@@ -130,7 +149,9 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
     UI's own view state and search facets; the UI fills in every field left out with its default
     (tests/test_grid_console.py reads the views back from a real store)."""
     sets = list(dict.fromkeys(val_sets))
-    names = [*(f"val/{s}" for s in sets), "train", ROUTING_SECTION, SPEED_SECTION, MODEL_METRICS_SECTION]
+    depth, exits = depth_curves(metrics)
+    extra = [DEPTH_SECTION] * bool(depth) + [EXIT_SECTION] * bool(exits)
+    names = [*(f"val/{s}" for s in sets), "train", ROUTING_SECTION, *extra, SPEED_SECTION, MODEL_METRICS_SECTION]
     sections = {name: f"mesh-section-{i}" for i, name in enumerate(names)}
     columns = [f"metrics.`val/{s}/ppl`" for s in sets] + ["metrics.`val_loss`", "metrics.`train/loss`"]
     columns += [f"tags.`{tag}`" for tag in ("scheme", "layout", "buffer_slots", "seed")]
@@ -140,6 +161,8 @@ def key_metrics_view(val_sets: Sequence[str], metrics: Iterable[str] = ()) -> di
         charts += [_line_chart(ppl, section, log=True), _bar_chart(ppl, section)]
     charts.append(_line_chart("train/loss", sections["train"], log=True))
     charts += [_line_chart(m, sections[ROUTING_SECTION]) for m in routing_curves(metrics)]
+    charts += [_line_chart(m, sections[DEPTH_SECTION], log=True) for m in depth]
+    charts += [_line_chart(m, sections[EXIT_SECTION], log=m.endswith("/ppl")) for m in exits]
     charts += [_line_chart(m, sections[SPEED_SECTION]) for m in SPEED_METRICS]
     hidden = [*BOOKKEEPING_METRICS, *SINGLE_VALUE_METRICS, *(f"val/{s}/loss" for s in sets)]
     hidden += single_value_metrics(metrics)
