@@ -153,3 +153,13 @@ def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_b
     assert {"exit/state/shakespeare/ppl", "exit/output/shakespeare/loops_used"} <= exits
     hidden = {c["metricKey"] for c in view["compareRunCharts"] if c["deleted"]}
     assert {"depth/shakespeare/loss", "exit/state/eps"} <= hidden and view["groupBy"]["groupByKeys"][0]["groupByData"]
+
+
+def test_plan_of_the_depth_study_gives_its_budget_first_and_no_power(tmp_path):
+    from results.commands.seeds_auto import print_plan
+
+    out = io.StringIO()
+    assert print_plan("depth", ["data=shakespeare", "max_steps=6", f"runs_dir={tmp_path}"], out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("depth: 24 cells (8 configs x 3 seeds); estimate: ") and "CPU-h" in lines[0]
+    assert lines[-1].endswith("no claim's power to plan") and "depth_eval (loops [1, 2, 3, 4, 6, 8]" in lines[-2]

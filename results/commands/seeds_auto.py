@@ -392,6 +392,8 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
     auto, rest = split_auto_seeds(arguments)
     rest = [a for a in rest if not a.startswith("seeds=")]
     arms_cells, arm_plans, launch = grid_arms(name, rest)
+    if any(plan.train.depth_eval.enabled for plan in arm_plans):
+        return print_study_budget(name, arguments, out)
     claims = load_claims()
     primary = primary_claims(claims, arm_plans)
     auto = auto or AutoSeeds(alpha=claims.alpha)
@@ -433,6 +435,38 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
         )
     for warning in warnings:
         print(warning, file=out)
+    return 0
+
+
+def print_study_budget(name: str, arguments: Sequence[str], out: TextIO) -> int:
+    """``--plan`` of a study whose cells are evaluated after training (``depth_eval``, the depth
+    study): its seeds are declared in its file and its rule is descriptive, so there is no power to
+    plan; its budget first (every cell, the FLOP model, as mesh-sweep estimates a grid), the evaluation's
+    share of it, and what finished runs of the grid took."""
+    from sweeps.estimate import count_line, distinct_configs, estimate_grid
+
+    launch, cell_overrides, _ = read_request(name, list(arguments))
+    cells, plans = grid_cells(name, cell_overrides, launch)
+    estimate = estimate_grid(distinct_configs(cells))
+    print(f"{count_line(name, distinct_configs(cells))}; {estimate.describe()}", file=out)
+    done = [p for p in plans if p.result_file.exists()]
+    if done:
+        took = sum(json.loads(p.result_file.read_text()).get("timing", {}).get("total_s", 0.0) for p in done)
+        print(
+            f"  {len(done)} of its runs finished, in {took / 3600:.2f} h of run time (their time/total_s summed)",
+            file=out,
+        )
+    loops = plans[0].train.depth_eval
+    print(
+        f"  then each cell's depth_eval (loops {loops.loops}, exit {loops.exit} up to {loops.exit_loops or 'K'} loops) "
+        "on its validation windows: forward passes only, not in the FLOP model",
+        file=out,
+    )
+    print(
+        f"{name} --plan: its seeds and decision rule are declared in its sweep file (descriptive at a fixed n); "
+        "no claim's power to plan",
+        file=out,
+    )
     return 0
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from results.render.depth import SECTION, SECTION_FILE
 from results.render.lr import lr_markdown
 from results.rows.aggregate import Results, Row, aggregate
 from results.rows.frame import ResultsError
@@ -302,6 +303,19 @@ def _table(q: Quotes, quote: Quote) -> str:
     return "\n".join(lines[start:end])
 
 
+def _depth_answer(q: Quotes, quote: Quote) -> str:
+    """The answer a depth study's section opens with (its ``depth.md``: the first line under the
+    heading, :func:`results.render.depth.write_depth_study`)."""
+
+    path = q.root / quote.folder / SECTION_FILE
+    if not path.is_file():
+        raise ResultsError(f"{quote.text}: no {SECTION_FILE} in {quote.folder} (a report of a depth study writes it)")
+    lines = path.read_text().splitlines()
+    if not lines or lines[0] != SECTION:
+        raise ResultsError(f"{quote.text}: {path} does not open with {SECTION!r}")
+    return next(line for line in lines[1:] if line.strip())
+
+
 def _lr_table(q: Quotes, quote: Quote) -> str:
     """The folder's learning-rate table, as its report has it (:func:`results.render.lr.lr_markdown`)."""
     results = q.folder(quote.folder).results
@@ -350,6 +364,7 @@ KINDS: dict[str, Callable[[Quotes, Quote], str]] = {
     "quote": _quote,  # {{quote FILE: text}}: text checked to be in FILE
     "table": _table,  # {{table FILE}}: its first Markdown table
     "lr_table": _lr_table,
+    "depth_answer": _depth_answer,  # {{depth_answer F}}: the depth study's answer, from F/depth.md
     "ranking_table": _ranking_table,  # {{ranking_table F: row}}
 }
 

@@ -24,6 +24,7 @@ from results.rows.depth import STABILITY, DepthArm
 from results.verdicts.depth import EXTRAPOLATES, FLAT, DepthFindings, PairedShape
 
 SECTION = "## Loop count at test time"
+SECTION_FILE = "depth.md"
 
 
 def _mean_sd(values: Sequence[float], digits: int = 2) -> str:
@@ -310,8 +311,8 @@ def exit_figure(results: Results, arms: list[DepthArm]) -> Any | None:
 def write_depth_study(
     results: Results, arms: list[DepthArm], findings: DepthFindings, out: Path, figures: Path
 ) -> tuple[list[str], list[Path], dict[str, list[Path]]]:
-    """The section's lines, the tables written (``depth_ppl.csv``, ``depth_verdicts.csv``,
-    ``exit_points.csv``) and the figures; nothing where no row has depth curves."""
+    """The section's lines, the files written (the section alone as ``depth.md``, ``depth_ppl.csv``,
+    ``depth_verdicts.csv``, ``exit_points.csv``) and the figures; nothing where no row has depth curves."""
     if not arms:
         return [], [], {}
     tables = [out / "depth_ppl.csv", out / "depth_verdicts.csv", out / "exit_points.csv"]
@@ -328,7 +329,9 @@ def write_depth_study(
     ]
     table_end = lines.index("", 6)  # after the PPL table: the curves it tabulates
     lines[table_end:table_end] = ["", *images] if images else []
-    return [*lines, ""], tables, drawn
+    section = out / SECTION_FILE  # the section alone: what a page quotes ({{depth_answer F}}, {{table F}})
+    section.write_text("\n".join(lines) + "\n")
+    return [*lines, ""], [section, *tables], drawn
 
 
 __all__ = ["depth_figure", "exit_figure", "write_depth_study"]
