@@ -21,8 +21,13 @@
 #            own LRs: declared, run after the screen
 #   screen   MeSH's open choices, stage A (sweeps/conf/sweep/mesh_open_choices.yaml: arms, seeds 12-14
 #            and the decision rule, declared before it ran), with base and anchor
+#   depth    the loop count at test time (sweeps/conf/sweep/depth.yaml: arms, seeds 200-202 and the rule,
+#            declared before it ran): base, anchor, anchor*, MeSH x fixed/sampled K, then MeSH at sampled
+#            K under the cycle rule; every cell evaluated at K' = 1..8 and under exit as it ends. Its
+#            runs live in $DEPTH_RUNS (runs/depth); `depth-report` writes depth/ from them.
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
+DEPTH_RUNS="${DEPTH_RUNS:-runs/depth}"
 OUT=results/cpu-reproduction/one-pass
 COMMON=(model=tiny data=docs "runs_dir=$RUNS")
 FULL=(max_steps=2500 val_every=125 checkpoint_every=250)
@@ -125,6 +130,18 @@ for stage in "${STAGES[@]}"; do
           tracking.experiment=onepass_open_choices_confirm
       done <"$SEL"
       ;;
+    depth)
+      for arm in "" "arm=mesh_cycle scheme=mesh loops=poisson_lognormal"; do
+        echo "+ mesh-sweep depth $arm" >&2
+        # shellcheck disable=SC2086
+        .venv/bin/mesh-sweep depth $arm "runs_dir=$DEPTH_RUNS" || echo "run.sh: mesh-sweep depth $arm exited $?" >&2
+      done
+      ;;
+    depth-plan) .venv/bin/mesh-sweep depth "runs_dir=$DEPTH_RUNS" --plan ;;
+    depth-report)
+      echo "+ mesh-results depth --out $OUT/depth" >&2
+      .venv/bin/mesh-results depth --runs-dir "$DEPTH_RUNS" --out "$OUT/depth" || echo "run.sh: no depth report (has its stage run?)" >&2
+      ;;
     plan)
       # shellcheck disable=SC2046
       .venv/bin/mesh-sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh "${FULL[@]}" $(lr_args) \
@@ -142,7 +159,7 @@ for stage in "${STAGES[@]}"; do
         && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, plan or report" >&2
       exit 2
       ;;
   esac
