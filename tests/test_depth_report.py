@@ -43,12 +43,14 @@ def test_a_declared_words_follow_the_interval():
     ]  # fmt: skip
 
 
-def test_an_exit_curve_is_read_between_its_thresholds_and_nowhere_else():
+def test_an_exit_curve_is_read_between_adjacent_thresholds_and_nowhere_else():
     loops_used = [8.0, 8.0, 5.0, 2.0, 1.0]  # eps rising: fewer steps per token
     ppl = [200.0, 200.0, 100.0, 60.0, 70.0]
     assert value_at(loops_used, ppl, 6.0) == pytest.approx(100 + (200 - 100) * (6 - 5) / (8 - 5))
     assert value_at(loops_used, ppl, 2.0) == 60.0 and value_at(loops_used, ppl, 1.5) == pytest.approx(65.0)
     assert math.isnan(value_at(loops_used, ppl, 0.5)) and math.isnan(value_at([8.0, 7.5], [1.0, 2.0], 2.0))
+    # in threshold order, as declared: where loops used is not monotone, the first bracketing pair
+    assert value_at([8.0, 5.0, 6.0, 2.0], [10.0, 40.0, 20.0, 50.0], 5.5) == pytest.approx(10 + 30 * 2.5 / 3)
 
 
 def _arm(loss: dict[int, list[float]], training="fixed", rule=None, scheme="base") -> DepthArm:
@@ -74,15 +76,17 @@ def test_the_declared_rule_on_constructed_arms():
 
 @pytest.fixture(scope="module")
 def depth_grid(tmp_path_factory, grid_cell_overrides):
-    """The depth sweep on a tiny budget: MeSH at fixed K = 2 and at uniform K in 1..3, base at fixed K, 2 seeds,
+    """The depth sweep on a tiny budget: base and MeSH at fixed K = 2, MeSH at uniform K in 1..3 under the
+    cycle rule (the study's ninth arm), 2 seeds,
     each cell evaluated as it ends (the sweep file's depth_eval: loops 1..8, exits with room for 8)."""
     from sweeps.sweep import run_sweep
 
     runs = tmp_path_factory.mktemp("depth_grid")
     cells = grid_cell_overrides("data=shakespeare", "probes.enabled=false")
     grid = ["seed=200,201", "launcher=local", f"runs_dir={runs}"]
-    assert run_sweep("depth", [*cells, *grid, "scheme=mesh", "loops=fixed,uniform"], out=io.StringIO()) == 0
-    assert run_sweep("depth", [*cells, *grid, "scheme=base", "loops=fixed"], out=io.StringIO()) == 0
+    assert run_sweep("depth", [*cells, *grid, "scheme=base,mesh", "loops=fixed"], out=io.StringIO()) == 0
+    # the ninth arm's kind: MeSH trained at sampled K under the cycle rule
+    assert run_sweep("depth", [*cells, *grid, "arm=mesh_cycle", "scheme=mesh", "loops=uniform"], out=io.StringIO()) == 0
     return runs
 
 
@@ -110,7 +114,7 @@ def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_b
     table = pd.read_csv(out / "depth_ppl.csv")
     assert sorted(set(table["arm"])) == [
         "base, fixed K = 2", "mesh, fixed K = 2, rule cycle", "mesh, fixed K = 2, rule last",
-        "mesh, sampled K, rule last",
+        "mesh, sampled K, rule cycle",
     ]  # fmt: skip
     runs = _runs_csv(depth_grid, "depth.csv")
     assert len(runs) == 6
@@ -130,11 +134,22 @@ def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_b
     assert (line["d_low"].item(), line["d_high"].item()) == pytest.approx((ci.low, ci.high), rel=1e-9)
     assert line["verdict"].item() == shape(t_interval(d4))
     assert set(verdicts["kind"]) == {"shape", "sampled_minus_fixed", "cycle_minus_last"}
+    (pair,) = verdicts[verdicts["kind"] == "sampled_minus_fixed"].itertuples()  # the cycle-trained arm
+    assert (pair.arm, pair.against) == ("mesh, sampled K, rule cycle", "mesh, fixed K = 2, rule cycle")
+    assert "K' = K equals each run's final validation loss (relative difference under 1e-6 in all 6)" in text
     exits = pd.read_csv(out / "exit_points.csv")
     assert set(exits["loops_per_token"]) == {2.0, 4.0, 6.0} and set(exits["criterion"]) == {"state", "output"}
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     rebuild_report(out)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept
+    # a report of the sampled runs alone (no setting varies between its rows) keeps how they trained
+    alone = tmp_path / "sampled"
+    build_report("sampled", ["depth"], uri, alone, filter_string="params.`loops.distribution` = 'uniform'",
+                 publish_to_parents=False)  # fmt: skip
+    assert set(pd.read_csv(alone / "depth_ppl.csv")["arm"]) == {"mesh, sampled K, rule cycle"}
+    kept = {p.name: p.read_bytes() for p in alone.iterdir() if p.is_file()}
+    rebuild_report(alone)
+    assert {p.name: p.read_bytes() for p in alone.iterdir() if p.is_file()} == kept
     # MLflow's grouped view (rewritten by the report) charts the depth curves: each group's mean over
     # its seeds at every loop count, the run's own rule first, the losses hidden
     import mlflow

@@ -21,7 +21,7 @@ from experiments.probing.figures import figure, save_figure
 from mesh_model.probe_names import scheme_color
 from results.rows.aggregate import Results
 from results.rows.depth import STABILITY, DepthArm
-from results.verdicts.depth import EXTRAPOLATES, FLAT, DepthFindings, PairedShape
+from results.verdicts.depth import EXTRAPOLATES, FLAT, DepthFindings, ExitPoint, PairedShape
 
 SECTION = "## Loop count at test time"
 SECTION_FILE = "depth.md"
@@ -98,25 +98,57 @@ def exit_table(findings: DepthFindings) -> pd.DataFrame:
     )
 
 
-def _answer(findings: DepthFindings) -> list[str]:
-    """The section's first sentences: which arms extrapolate at 2K, which worsen, which are open."""
-    if not findings.shapes:
-        return []
-    first = min(k for s in findings.shapes for k in s.d) if any(s.d for s in findings.shapes) else None
-    if first is None:
+def _mean_ppl(arm: DepthArm, loops: int) -> float:
+    values = [math.exp(v) for v in arm.at(loops) if math.isfinite(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _exit_mean(point: ExitPoint) -> float:
+    reached = [v for v in point.ppl if math.isfinite(v)]
+    return sum(reached) / len(reached) if reached else math.nan
+
+
+def _answer(findings: DepthFindings, arms: list[DepthArm]) -> list[str]:
+    """The section's first paragraph: which arms extrapolate at the first K' past K (the declared
+    rule's words), sampled against fixed training, MeSH's rules, and what the exit buys at half its
+    loops against the passes at fixed loop counts."""
+    past = sorted({k for s in findings.shapes for k in s.d})
+    if not past:
         return ["No arm has a curve past its training K: nothing to say about extrapolation."]
+    first = past[0]
     groups: dict[str, list[str]] = {}
     for shaped in findings.shapes:
         if first in shaped.verdict:
             groups.setdefault(shaped.verdict[first], []).append(shaped.arm.label)
-    trained = findings.shapes[0].arm.trained_loops
-    n = max(s.d[first].n for s in findings.shapes if first in s.d)
-    said = [f"At K' = {first} (trained at K = {trained}, {n} seeds, the declared paired rule):"]
-    for word in ("improves", "flat", "worsens", "inconclusive"):
-        if word in groups:
-            said.append(f"**{word}**: {'; '.join(groups[word])}.")
+    trained = "/".join(str(k) for k in sorted({a.trained_loops for a in arms}))
+    said = [
+        f"At K' = {first}, against each model at its training K = {trained} (where the sampled arms were "
+        f"validated too; {_seeds(arms)} seeds, the declared paired rule):"
+    ]
+    words = ("improves", "flat", "worsens", "inconclusive")
+    said += [f"**{word}**: {'; '.join(groups[word])}." for word in words if word in groups]
     extrapolate = sum(len(groups.get(w, [])) for w in EXTRAPOLATES)
     said.append(f"{extrapolate} of {sum(len(v) for v in groups.values())} arms extrapolate (improve or flat).")
+    if findings.sampled_vs_fixed:
+        pairs = "; ".join(f"{p.first.label}: {p.word} ({p.interval.text(3)})" for p in findings.sampled_vs_fixed)
+        said.append(f"Sampled against fixed training, d({first}) paired by seed: {pairs}.")
+    for pair in findings.rules:
+        best = "cycle" if pair.interval.mean < 0 else "last"
+        said.append(
+            f"MeSH's rule at fixed K: {best} has the lower mean d({first}), cycle minus last "
+            f"{pair.interval.text(3)}: {pair.word}."
+        )
+    half = [p for p in findings.exits if p.fraction == 0.5 and math.isfinite(_exit_mean(p))]
+    if half:
+        k = half[0].loops
+        beats_k = sum(_exit_mean(p) < _mean_ppl(p.arm, p.arm.trained_loops) for p in half)
+        fixed = [p for p in half if float(k).is_integer() and int(k) in p.arm.loss]
+        beats_fixed = sum(_exit_mean(p) < _mean_ppl(p.arm, int(k)) for p in fixed)
+        said.append(
+            f"Exits read at {k:g} core steps per token (half of {k / 0.5:g}): below the fixed {k:g}-loop pass "
+            f"in {beats_fixed} of {len(fixed)} (arm, criterion) pairs, below the arm's own training-K pass in "
+            f"{beats_k} of {len(half)}."
+        )
     return [" ".join(said)]
 
 
@@ -126,10 +158,10 @@ def _pair_line(pair: PairedShape) -> str:
 
 def depth_markdown(results: Results, arms: list[DepthArm], findings: DepthFindings) -> list[str]:
     loops = _loops(arms)
-    lines = [SECTION, "", *_answer(findings), ""]
+    lines = [SECTION, "", *_answer(findings, arms), ""]
     lines += [
         f"Validation PPL ({results.sets[0]}) of each arm at each test-time loop count K' (mean ± sd over seeds; "
-        "the same validation windows as training's, so K' = K is the run's own final validation PPL). "
+        "the same validation windows as training's, so K' = K should be the run's own final validation PPL, checked below). "
         "A per-step scheme trained at a fixed K is shown under each rule of its passes past K (at K both are "
         "the trained model); trained at sampled K, under the rule it trained with. The figure draws each arm's "
         "mean (line) and its seeds' range (band), the training K dotted; the exit figure each threshold's mean "
@@ -144,6 +176,7 @@ def depth_markdown(results: Results, arms: list[DepthArm], findings: DepthFindin
             text = _mean_sd([math.exp(v) for v in arm.at(k)])
             cells.append(f"**{text}**" if k == arm.trained_loops else text)
         lines.append(f"| {arm.label} | {len(arm.seeds)} | " + " | ".join(cells) + " |")
+    lines += ["", *_consistency(results, arms)]
     lines += [
         "",
         "**Shape past the training K** (the declared rule): d = log PPL(K') - log PPL(K) per seed, each model "
@@ -195,10 +228,13 @@ def _exit_markdown(findings: DepthFindings) -> list[str]:
         f"**Exit curves** (training-free, per token; at most {full:g} core steps, docs/depth.md): validation PPL "
         "where a curve's mean core steps per token is "
         + ", ".join(f"{f:.0%} of {full:g} ({f * full:g})" for f in fractions)
-        + ", read off each seed's curve (linear between thresholds; — where its thresholds never reach it), "
-        "mean ± sd over the seeds that reach it; *no exit*: every token runs all of them.",
+        + ", read off each seed's curve (linear between adjacent thresholds; — where its thresholds never reach "
+        "it), mean ± sd over the seeds that reach it; in brackets the same arm's pass at that fixed loop count "
+        "(every token runs it), what an exit has to beat; *no exit*: every token runs all of them.",
         "",
-        "| arm | criterion | no exit | " + " | ".join(f"{f * full:g} steps" for f in fractions) + " |",
+        "| arm | criterion | no exit | "
+        + " | ".join(f"{f * full:g} steps (K' = {f * full:g} pass)" for f in fractions)
+        + " |",
         "|---|---|---:|" + "---:|" * len(fractions),
     ]
     keys = list(dict.fromkeys((p.arm.label, p.criterion) for p in findings.exits))
@@ -209,12 +245,41 @@ def _exit_markdown(findings: DepthFindings) -> list[str]:
         for f in fractions:
             point = points.get(f)
             reached = [v for v in point.ppl if math.isfinite(v)] if point else []
-            cells.append(
-                _mean_sd(reached)
-                + (f" ({len(reached)}/{len(point.ppl)})" if point and len(reached) < len(point.ppl) else "")
-            )
+            text = _mean_sd(reached)
+            if point and len(reached) < len(point.ppl):
+                text += f" ({len(reached)}/{len(point.ppl)} reach it)"
+            if point and float(point.loops).is_integer() and int(point.loops) in first.arm.loss:
+                text += f" ({_mean_ppl(first.arm, int(point.loops)):.2f})"
+            cells.append(text)
         lines.append(f"| {label} | {criterion} | {_mean_sd(first.full_ppl)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _with_infinite(values: Sequence[float]) -> str:
+    """Mean ± sd of the finite values, and how many were infinite (a ratio over a step that did not move)."""
+    infinite = sum(math.isinf(v) for v in values)
+    return _mean_sd(values, 3) + (f" (+{infinite} ∞)" if infinite else "")
+
+
+def _consistency(results: Results, arms: list[DepthArm]) -> list[str]:
+    """Whether each run's curve at its training K equals its final validation loss (the same
+    windows: it should, to float rounding), said either way."""
+    runs = results.runs.set_index("run_id")
+    checked, off, seen = 0, [], set()
+    for arm in arms:  # the rules of one row are one set of runs: each checked once
+        for run_id, seed in zip(arm.row.run_ids, arm.row.seeds, strict=True):
+            if seed not in arm.loss.index or "val_loss" not in runs or run_id in seen:
+                continue
+            seen.add(run_id)
+            mine, logged = float(arm.loss.at[seed, arm.trained_loops]), float(runs.at[run_id, "val_loss"])
+            checked += 1
+            if not math.isclose(mine, logged, rel_tol=1e-6):
+                off.append(f"{arm.label} seed {seed} ({mine:.6f} vs {logged:.6f})")
+    if off:
+        return [
+            f"K' = K differs from the run's final validation loss in {len(off)} of {checked}: " + "; ".join(off) + "."
+        ]
+    return [f"K' = K equals each run's final validation loss (relative difference under 1e-6 in all {checked})."]
 
 
 def _stability_markdown(arms: list[DepthArm]) -> list[str]:
@@ -238,7 +303,7 @@ def _stability_markdown(arms: list[DepthArm]) -> list[str]:
             continue
         seen.add(id(arm.row))
         label = ", ".join(arm.label.split(", ")[:2])
-        lines.append(f"| {label} | " + " | ".join(_mean_sd(arm.stability.get(k, []), 3) for k in present) + " |")
+        lines.append(f"| {label} | " + " | ".join(_with_infinite(arm.stability.get(k, [])) for k in present) + " |")
     return lines
 
 

@@ -20,8 +20,12 @@ import pandas as pd
 from results.rows.aggregate import Results, Row
 
 DEPTH_FILE, EXIT_FILE = "depth.csv", "exit.csv"
-DEPTH_COLUMNS = ("run_id", "loops", "rule", "set", "loss", "ppl")
-EXIT_COLUMNS = ("run_id", "criterion", "eps", "loops", "set", "loss", "ppl", "loops_used")
+# Per run, beside each line: how it trained (``training``: its ``loops.distribution``) and the rule of
+# its own passes past K (``loop_rule``), read from its params when the curves are read from the store
+# and kept in the folder's CSVs, so a report rebuilt from them builds the same arms.
+RUN_FIELDS = ("training", "loop_rule")
+DEPTH_COLUMNS = ("run_id", *RUN_FIELDS, "loops", "rule", "set", "loss", "ppl")
+EXIT_COLUMNS = ("run_id", *RUN_FIELDS, "criterion", "eps", "loops", "set", "loss", "ppl", "loops_used")
 PER_STEP_SCHEMES = ("mesh", "static", "dynamic")  # schemes with parameters per loop step
 FIXED = "fixed"
 STABILITY = ("stability/spectral_radius", "stability/change_ratio", "stability/change_ratio_trained")
@@ -50,7 +54,9 @@ class DepthArm:
     seeds: list[str]
     loss: pd.DataFrame  # index: seed; columns: loop count; values: mean validation loss (log PPL)
     exit: pd.DataFrame  # seed, criterion, eps, loops (the most a token ran), loss, ppl, loops_used
-    stability: dict[str, list[float]]  # each stability metric's final value per seed
+    stability: dict[
+        str, list[float]
+    ]  # each stability metric's final value per seed (inf kept: a step that did not move)
 
     @property
     def scheme(self) -> str:
@@ -71,13 +77,6 @@ class DepthArm:
         return self.loss[loops] if loops in self.loss else pd.Series(math.nan, index=self.loss.index)
 
 
-def _param(results: Results, run_id: str, key: str, default: str) -> str:
-    """The run's config ``key`` as logged (a report folder keeps it where it sets rows apart; ``""``
-    there is a key the run left unset), else ``default``."""
-    params = results.runs.set_index("run_id").at[run_id, "params"]
-    return str(params.get(key) or default) if isinstance(params, dict) else default
-
-
 def depth_arms(results: Results, data: DepthData) -> list[DepthArm]:
     """The arms of ``results``' rows whose runs have depth curves on the main validation set, in
     row order (within a row: the run's own rule first)."""
@@ -92,16 +91,14 @@ def depth_arms(results: Results, data: DepthData) -> list[DepthArm]:
         mine = depth[depth["run_id"].isin(row.run_ids)]
         if mine.empty:
             continue
-        first = row.run_ids[0]
-        training = _param(results, first, "loops.distribution", FIXED)
-        own = _param(results, first, "model_overrides.loop_rule", "last")
+        training, own = mine["training"].iloc[0], mine["loop_rule"].iloc[0]
         per_step = row.scheme.split("+")[0] in PER_STEP_SCHEMES or row.scheme in PER_STEP_SCHEMES
         rules = sorted(set(mine["rule"]), key=lambda r: (r != own, r)) if per_step else [own]
         if per_step and training != FIXED:
             rules = [own]
         seed_of = dict(zip(row.run_ids, row.seeds, strict=True))
         stability = {
-            key: [float(runs.at[r, key]) for r in row.run_ids if key in runs and math.isfinite(float(runs.at[r, key]))]
+            key: [float(runs.at[r, key]) for r in row.run_ids if key in runs and not math.isnan(float(runs.at[r, key]))]
             for key in STABILITY
         }
         for rule in rules:
@@ -121,11 +118,11 @@ def depth_arms(results: Results, data: DepthData) -> list[DepthArm]:
                     trained_loops=row.loops,
                     seeds=[s for s in row.seeds if s in loss.index],
                     loss=loss,
-                    exit=exit_lines.drop(columns=["run_id", "set"]).reset_index(drop=True),
+                    exit=exit_lines.drop(columns=["run_id", "set", *RUN_FIELDS]).reset_index(drop=True),
                     stability={k: v for k, v in stability.items() if v},
                 )
             )
     return arms
 
 
-__all__ = ["DEPTH_FILE", "EXIT_FILE", "DepthArm", "DepthData", "depth_arms"]
+__all__ = ["DEPTH_FILE", "EXIT_FILE", "RUN_FIELDS", "DepthArm", "DepthData", "depth_arms"]

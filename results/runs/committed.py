@@ -127,7 +127,10 @@ def read_depth_csvs(folder: Path) -> DepthData:
     for name, columns in ((DEPTH_FILE, DEPTH_COLUMNS), (EXIT_FILE, EXIT_COLUMNS)):
         path = folder / name
         frames.append(
-            pd.read_csv(path, dtype={"run_id": str, "rule": str, "set": str, "criterion": str})
+            pd.read_csv(
+                path,
+                dtype={"run_id": str, "rule": str, "set": str, "criterion": str, "training": str, "loop_rule": str},
+            )
             if path.is_file()
             else pd.DataFrame(columns=list(columns))
         )

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from results.rows.aggregate import Results
-from results.rows.depth import DEPTH_COLUMNS, DEPTH_FILE, EXIT_COLUMNS, EXIT_FILE, DepthData
+from results.rows.depth import DEPTH_COLUMNS, DEPTH_FILE, EXIT_COLUMNS, EXIT_FILE, FIXED, DepthData
 from results.runs.store import QUIET_ARTIFACTS, _environ
 
 ARTIFACTS = "depth"  # the artifact folder mesh-eval logs the CSVs under (experiments/evaluation/depth.py)
@@ -25,6 +25,16 @@ def _newest_local(run_dir: str, name: str) -> Path | None:
         if (folder / name).is_file():
             return folder / name
     return None
+
+
+def run_fields(params: dict[str, str]) -> dict[str, str]:
+    """How the run trained (``loops.distribution``, fixed when not logged: runs from before the
+    loops group) and its own rule past K (the resolved model's ``loop_rule``, logged only away
+    from its default, ``last``)."""
+    return {
+        "training": params.get("loops.distribution") or FIXED,
+        "loop_rule": params.get("model_config.loop_rule") or "last",
+    }
 
 
 def _read(client: Any, run_id: str, run_dir: str, name: str, tmp: Path) -> pd.DataFrame | None:
@@ -44,13 +54,14 @@ def _read(client: Any, run_id: str, run_dir: str, name: str, tmp: Path) -> pd.Da
 def read_depth(client: Any, results: Results, tmp: Path) -> DepthData:
     """The depth and exit curves of every run of ``results``' rows that has them."""
     run_dirs = dict(zip(results.runs["run_id"], results.runs["run_dir"].fillna("").astype(str), strict=True))
+    params = dict(zip(results.runs["run_id"], results.runs["params"], strict=True))
     frames: dict[str, list[pd.DataFrame]] = {DEPTH_FILE: [], EXIT_FILE: []}
     for row in results.rows:
         for run_id in row.run_ids:
             for name, kept in frames.items():
                 frame = _read(client, run_id, run_dirs.get(run_id, ""), name, tmp)
                 if frame is not None:
-                    kept.append(frame)
+                    kept.append(frame.assign(**run_fields(params.get(run_id) or {})))
     depth = pd.concat(frames[DEPTH_FILE], ignore_index=True) if frames[DEPTH_FILE] else pd.DataFrame()
     exits = pd.concat(frames[EXIT_FILE], ignore_index=True) if frames[EXIT_FILE] else pd.DataFrame()
     return DepthData(

@@ -8,7 +8,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from scipy import stats as scipy_stats
 
 from results.stats.comparison import CONFIDENCE
@@ -47,19 +46,16 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> MeanI
 
 
 def value_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """The piecewise-linear curve through (xs, ys), sorted by x, at ``x``; NaN outside the measured
-    range. Where several points share an x (thresholds that exited the same tokens), the first given
-    is kept."""
-    points: dict[float, float] = {}
-    for a, b in zip(xs, ys, strict=True):
-        if math.isfinite(a) and math.isfinite(b):
-            points.setdefault(float(a), float(b))
-    if not points:
-        return math.nan
-    order = sorted(points)
-    if not order[0] <= x <= order[-1]:
-        return math.nan
-    return float(np.interp(x, order, [points[a] for a in order]))
+    """The curve through the points (xs, ys) in the order given (an exit curve: thresholds rising),
+    read at ``x``: linear between the first two adjacent points whose xs bracket ``x``; NaN where no
+    adjacent pair does (outside what the curve covers). Points with a non-finite value are skipped."""
+    points = [(float(a), float(b)) for a, b in zip(xs, ys, strict=True) if math.isfinite(a) and math.isfinite(b)]
+    if len(points) == 1 and points[0][0] == x:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if min(x0, x1) <= x <= max(x0, x1):
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return math.nan
 
 
 __all__ = ["MeanInterval", "t_interval", "value_at"]
