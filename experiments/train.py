@@ -73,6 +73,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return result
 
 
+DEPTH_EVAL_SECONDS = "time/depth_eval_s"  # the run's depth_eval, in seconds (a metric of its MLflow run)
+
+
 def _evaluate_depth(plan: RunPlan) -> None:
     """``depth_eval``: the finished run at other loop counts and under a per-token exit, as
     ``mesh-eval RUN --loops/--exit`` evaluates it (logged into its MLflow run), unless its last
@@ -90,13 +93,19 @@ def _evaluate_depth(plan: RunPlan) -> None:
     if evaluated_with(plan.run_dir, asdict(settings)):
         print(f"[mesh-train] depth evaluation: done already ({plan.run_dir / 'eval'})", file=sys.stderr)
         return
+    started = time.perf_counter()
     target = resolve_target(EvalSettings(target=str(plan.run_dir), tracking_uri=plan.tracking_uri))
     device = (
         "cuda" if torch.cuda.is_available() and plan.train.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
     )
     report = run_depth(target, settings, device)
+    seconds = time.perf_counter() - started
+    if target.run_id is not None and target.tracking_uri is not None:  # its cost, beside the run's time/*
+        import mlflow
+
+        mlflow.MlflowClient(target.tracking_uri).log_metric(target.run_id, DEPTH_EVAL_SECONDS, seconds)
     files = ", ".join(str(path) for path in report["files"])
-    print(f"[mesh-train] depth evaluation at step {report['step']}: {files}", file=sys.stderr)
+    print(f"[mesh-train] depth evaluation at step {report['step']} in {seconds:.0f} s: {files}", file=sys.stderr)
 
 
 def _other_tokenizer(plan: RunPlan, prepared: PreparedData) -> RunPlan | None:

@@ -61,7 +61,16 @@ SINGLE_VALUE_METRICS = (
     "params_pct_of_vanilla",
     *(
         f"time/{k}"
-        for k in ("setup_s", "steps_s", "between_steps_s", "validation_s", "end_s", "total_s", "steps_per_s")
+        for k in (
+            "setup_s",
+            "steps_s",
+            "between_steps_s",
+            "validation_s",
+            "end_s",
+            "total_s",
+            "steps_per_s",
+            "depth_eval_s",
+        )
     ),
 )
 CURVE_PREFIXES = ("train/", "routing/")  # logged over steps, with val/<set>/ppl and lr

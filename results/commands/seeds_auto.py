@@ -392,8 +392,15 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
     auto, rest = split_auto_seeds(arguments)
     rest = [a for a in rest if not a.startswith("seeds=")]
     arms_cells, arm_plans, launch = grid_arms(name, rest)
-    if any(plan.train.depth_eval.enabled for plan in arm_plans):
-        return print_study_budget(name, arguments, out)
+    if any(plan.train.depth_eval.enabled for plan in arm_plans):  # a study: its budget first
+        print_study_budget(name, arguments, out)
+        if any(word.startswith("seed=") for cell in arms_cells for word in cell.label.split()):
+            print(
+                f"{name} --plan: its seeds and decision rule are declared in its sweep file (descriptive at a "
+                "fixed n); no claim's power to plan",
+                file=out,
+            )
+            return 0
     claims = load_claims()
     primary = primary_claims(claims, arm_plans)
     auto = auto or AutoSeeds(alpha=claims.alpha)
@@ -438,11 +445,10 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
     return 0
 
 
-def print_study_budget(name: str, arguments: Sequence[str], out: TextIO) -> int:
-    """``--plan`` of a study whose cells are evaluated after training (``depth_eval``, the depth
-    study): its seeds are declared in its file and its rule is descriptive, so there is no power to
-    plan; its budget first (every cell, the FLOP model, as mesh-sweep estimates a grid), the evaluation's
-    share of it, and what finished runs of the grid took."""
+def print_study_budget(name: str, arguments: Sequence[str], out: TextIO) -> None:
+    """What ``--plan`` says first of a grid whose cells are evaluated after training (``depth_eval``,
+    the depth study): its budget (every cell, the FLOP model, as mesh-sweep estimates a grid), what its
+    finished runs took, and the evaluation."""
     from sweeps.estimate import count_line, distinct_configs, estimate_grid
 
     launch, cell_overrides, _ = read_request(name, list(arguments))
@@ -462,12 +468,6 @@ def print_study_budget(name: str, arguments: Sequence[str], out: TextIO) -> int:
         "on its validation windows: forward passes only, not in the FLOP model",
         file=out,
     )
-    print(
-        f"{name} --plan: its seeds and decision rule are declared in its sweep file (descriptive at a fixed n); "
-        "no claim's power to plan",
-        file=out,
-    )
-    return 0
 
 
 def sd_basis(primary: Sequence[str], measured: dict[str, list[float]]) -> str:

@@ -137,7 +137,10 @@ for stage in "${STAGES[@]}"; do
         .venv/bin/mesh-sweep depth $arm "runs_dir=$DEPTH_RUNS" || echo "run.sh: mesh-sweep depth $arm exited $?" >&2
       done
       ;;
-    depth-plan) .venv/bin/mesh-sweep depth "runs_dir=$DEPTH_RUNS" --plan ;;
+    depth-plan)  # the grid, then the ninth arm: each command's budget
+      .venv/bin/mesh-sweep depth "runs_dir=$DEPTH_RUNS" --plan
+      .venv/bin/mesh-sweep depth arm=mesh_cycle scheme=mesh loops=poisson_lognormal "runs_dir=$DEPTH_RUNS" --plan
+      ;;
     depth-report)
       echo "+ mesh-results depth --out $OUT/depth" >&2
       .venv/bin/mesh-results depth --runs-dir "$DEPTH_RUNS" --out "$OUT/depth" || echo "run.sh: no depth report (has its stage run?)" >&2
