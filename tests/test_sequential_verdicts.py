@@ -84,3 +84,21 @@ def test_other_reports_show_the_confirmatory_claims_as_replications(tmp_path):
     (base,) = [e for e in evaluations if e.claim.id == "mesh_below_base"]
     assert base.role == "replication" and base.verdict_text.startswith("replication: ")
     assert "Replication, not the confirmatory test" in (tmp_path / "k3" / "claims.md").read_text()
+
+
+def test_a_report_that_reads_the_confirmatory_runs_again_calls_its_lines_a_second_reading(tmp_path):
+    """skip_combos reads the schemes grid's runs with its own: its lines for the headline claims are
+    those runs' comparisons again (the same Δ and p as schemes' fixed-n view), not a replication."""
+    for name in ("skip_combos", "schemes"):
+        shutil.copytree(ONE_PASS / name, tmp_path / name)
+    shutil.copy(ONE_PASS / "confirmatory.yaml", tmp_path / "confirmatory.yaml")
+    assert read_confirmatory(tmp_path / "skip_combos")["second_readings"] == ["skip_combos"]
+    _, evaluations, _ = rebuild_claims(tmp_path / "skip_combos" / "runs.csv", tmp_path / "skip_combos")
+    (anchor,) = [e for e in evaluations if e.claim.id == "mesh_below_anchor"]
+    assert anchor.role == "second reading" and anchor.verdict_text.startswith("second reading: ")
+    text = (tmp_path / "skip_combos" / "claims.md").read_text()
+    assert "Second reading, not a replication" in text and "replication: " not in text
+    _, confirmatory, _ = rebuild_claims(tmp_path / "schemes" / "runs.csv", tmp_path / "schemes")
+    (same,) = [e for e in confirmatory if e.claim.id == "mesh_below_anchor"]
+    ours, theirs = anchor.lines[0].comparison, same.lines[0].comparison
+    assert (ours.n_a, ours.diff, ours.p) == (theirs.n_a, theirs.diff, theirs.p)  # the same runs, the same line

@@ -224,10 +224,20 @@ def family_lines(declared: dict | None, folder_name: str) -> list[str]:
         return []
     listed = ", ".join(code_span(c) for c in declared["claims"])
     if declared["report"] == folder_name:
+        second = declared.get("second_readings", [])
         return [
             f"* **Confirmatory family**: this report is the confirmatory test of {listed} (declared once in "
-            f"`{declared['path'].name}` of the reproduction); the other reports "
-            f"({', '.join(declared['replications']) or 'none'}) show these claims as replications."
+            f"`{declared['path'].name}` of the reproduction); the other reports show these claims as "
+            f"replications on new runs ({', '.join(declared['replications']) or 'none'})"
+            + (f" or as second readings of this grid's own runs ({', '.join(second)})" if second else "")
+            + "."
+        ]
+    if folder_name in declared.get("second_readings", []):
+        return [
+            f"* **Second reading, not a replication**: {listed} are tested confirmatorily in "
+            f"`../{declared['report']}/claims.md` (declared once in `{declared['path'].name}` of the reproduction); "
+            "here their lines compare that grid's own runs again (the same Δ and p), marked *second reading*: "
+            "no new evidence, and no claim added to that family."
         ]
     return [
         f"* **Replication, not the confirmatory test**: {listed} are tested confirmatorily in "

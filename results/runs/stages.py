@@ -80,7 +80,9 @@ def read_design_log(path: str | Path) -> DesignRecord | None:
 
 def read_confirmatory(folder: str | Path) -> dict[str, object] | None:
     """``confirmatory.yaml`` of the reproduction folder above a report (None when there is none):
-    ``{"report": <folder name>, "claims": [...], "replications": [...]}``."""
+    ``{"report": <folder name>, "claims": [...], "replications": [...], "second_readings": [...]}``:
+    a replication tests the claims on new runs, a second reading reads the confirmatory grid's own
+    runs again (another report over the same experiment)."""
     path = Path(folder).parent / CONFIRMATORY
     if not path.is_file():
         return None
@@ -89,5 +91,6 @@ def read_confirmatory(folder: str | Path) -> dict[str, object] | None:
         "report": str(data.get("report", "")),
         "claims": [str(c) for c in data.get("claims", [])],
         "replications": [str(r) for r in data.get("replications", [])],
+        "second_readings": [str(r) for r in data.get("second_readings", [])],
         "path": path,
     }

@@ -82,7 +82,7 @@ class Evaluation:
     lean: str = ""  # inconclusive: which way the mean leans
     level: float = ALPHA  # the per-test level the verdict uses: alpha / m in the primary family, else alpha
     fixed_verdict: str = ""  # under a sequential design: the fixed-n verdict, shown as a secondary view
-    role: str = ""  # "confirmatory" | "replication" where a reproduction declares its confirmatory family
+    role: str = ""  # "confirmatory" | "replication" | "second reading" where a reproduction declares its family
     sequential: Any = None  # results.verdicts.sequential.Verdict: the design's decision, when it made this verdict
 
     @property
@@ -98,7 +98,7 @@ class Evaluation:
     def verdict_text(self) -> str:
         """``inconclusive, leans the paper's way (n=2, fragile)``; ``paper's effect ruled out (one-sided
         98.75% bound -0.0141 vs paper -0.036)``; ``equivalent (TOST at 0.0125, ±0.01)``."""
-        prefix = "replication: " if self.role == "replication" else ""
+        prefix = f"{self.role}: " if self.role in ("replication", "second reading") else ""
         if self.sequential is not None:
             return prefix + self.sequential.text
         text = prefix + self.verdict + (f", {self.lean}" if self.lean else "")

@@ -40,7 +40,7 @@ UNDECIDED = "undecided at the cap"
 RUNNING = "undecided, still running"
 
 
-CONFIRMATORY_ROLE, REPLICATION_ROLE = "confirmatory", "replication"
+CONFIRMATORY_ROLE, REPLICATION_ROLE, SECOND_READING_ROLE = "confirmatory", "replication", "second reading"
 
 
 Arm = tuple[str, ...]
@@ -178,10 +178,13 @@ def apply_design(evaluations: Sequence[Evaluation], record: DesignRecord) -> lis
 def apply_roles(evaluations: Sequence[Evaluation], declared: dict[str, Any] | None, folder_name: str) -> None:
     """Mark the evaluations of the declared confirmatory claims (``confirmatory.yaml``, read by
     :func:`results.runs.stages.read_confirmatory`) as confirmatory in the report folder it names,
-    as replications elsewhere."""
+    as second readings in the folders it lists as reading the same runs again, as replications
+    elsewhere."""
     if declared is None:
         return
     role = CONFIRMATORY_ROLE if folder_name == declared["report"] else REPLICATION_ROLE
+    if folder_name in declared.get("second_readings", []):
+        role = SECOND_READING_ROLE
     for e in evaluations:
         if e.claim.id in declared["claims"] and not e.supplementary and e.lines:
             e.role = role
