@@ -13,7 +13,7 @@ import mlflow
 import pytest
 
 from results.stats.comparison import seeds_needed
-from results.stats.sequential import PRIOR_SD, PRIOR_SD_SOURCE, Design
+from results.stats.sequential import PRIOR_SD, PRIOR_SD_SOURCE, Design, sequential_seeds_needed
 from sweeps.sweep import main, run_sweep
 
 # The smallest grid cell (tests/conftest.py's GRID_CELL, two steps), without probes.
@@ -57,13 +57,19 @@ def test_plan_without_runs_uses_the_prior_sd_and_the_flop_model(tmp_path, capsys
     assert "alpha 0.0125 per primary claim (Bonferroni over 4)" in out
     (line,) = [x for x in out.splitlines() if "mesh_below_base" in x and "warning" not in x]
     assert f"{PRIOR_SD_SOURCE}: " in line and "(FLOP model)" in line
-    assert f"{seeds_needed(-0.036, PRIOR_SD, 0.0125)} seeds per arm at 80% power" in line
+    fixed = seeds_needed(-0.036, PRIOR_SD, 0.0125)
+    cap = sequential_seeds_needed(Design(claims=4), -0.036, PRIOR_SD, fixed)
+    assert f"{fixed} seeds per arm at fixed n, a cap of {cap} under the sequential design for 80% power" in line
+    assert f"2 arms at {cap} seeds " in line  # the cost of what the grid would run
     power = Design(claims=4).power(-0.036, PRIOR_SD, paths=50_000)
     assert f"{power:.0%} power at 12 seeds" in line
     # below 50% at the cap: one warning line per claim, e.g. MeSH < anchor at the prior SD
     warned = [x for x in out.splitlines() if x.startswith("warning: mesh_below_anchor:")]
     needed = seeds_needed(-0.023, PRIOR_SD, 0.0125)
-    assert len(warned) == 1 and warned[0].endswith(f"power at 12 seeds; {needed} seeds needed")
+    assert len(warned) == 1 and warned[0].endswith(
+        f"power at 12 seeds; {needed} seeds per arm at fixed n, more than 36 under the sequential design (searched to "
+        "there) for 80% power"
+    )
     assert not (tmp_path / "mlflow.db").exists()  # --plan creates no store
 
 
@@ -82,7 +88,7 @@ def test_plan_under_three_finished_seeds_uses_the_prior_sd_and_says_so_in_its_fi
     observed = float(re.search(r"(?:not the )?SD ([\d.]+) (?:of|from) 2 finished paired seeds", line).group(1))
     sd = max(PRIOR_SD, observed)
     alpha = float(re.search(r"alpha ([\d.]+) per primary claim", first).group(1))
-    assert f"{seeds_needed(-0.036, sd, alpha)} seeds per arm at 80% power" in line
+    assert f"{seeds_needed(-0.036, sd, alpha)} seeds per arm at fixed n, a cap of " in line
     assert (PRIOR_SD_SOURCE in line) == (observed <= PRIOR_SD)
 
 
@@ -206,3 +212,24 @@ def test_a_stage_decides_at_its_own_n_when_later_seeds_already_ran(tmp_path):
     assert [s["stage"] for s in document["stages"]] == [1, 2], out.getvalue()
     assert [[v["n"] for v in s["verdicts"]] for s in document["stages"]] == [[2], [4]]
     assert all(p.info.status != "RUNNING" for p in parents(tmp_path)[1])  # every stage's parent closed
+
+
+@pytest.mark.parametrize(("effect", "sd"), [(-0.036, 0.0459), (0.042, 0.0184)])
+def test_seeds_needed_under_the_sequential_design_is_the_first_cap_its_simulated_power_reaches(effect, sd):
+    """The one-pass schemes grid's SDs: 22 seeds at fixed n for MeSH < base is not what the seeds=auto
+    design needs; its first cap (a whole number of stages) whose simulated power reaches 80%."""
+    design = Design(claims=4)
+    fixed = seeds_needed(effect, sd, design.share)
+    cap = sequential_seeds_needed(design, effect, sd, fixed)
+    assert cap is not None and cap >= fixed and cap % design.stage == 0
+
+    def power_at(n):
+        return Design(design.stage, n, design.alpha, design.claims).power(effect, sd, paths=50_000)
+
+    assert power_at(cap) >= 0.8
+    if cap - design.stage >= max(2 * design.stage, fixed):
+        assert power_at(cap - design.stage) < 0.8
+    # the reproduction's MeSH < base: 22 seeds at fixed n, a cap of 24 for the design (the audit's figure)
+    assert (fixed, cap) == ((22, 24) if effect < 0 else (6, 6))
+    # a claim no cap up to 3x the design's reaches: said, not searched further
+    assert sequential_seeds_needed(design, -0.023, 0.0515, seeds_needed(-0.023, 0.0515, design.share)) is None

@@ -32,7 +32,14 @@ from results.rows import frame as rows_frame
 from results.rows.aggregate import aggregate
 from results.runs import store as collect
 from results.stats.comparison import seeds_needed
-from results.stats.sequential import CONTINUE, PRIOR_SD, PRIOR_SD_SOURCE, Design
+from results.stats.sequential import (
+    CONTINUE,
+    PRIOR_SD,
+    PRIOR_SD_SOURCE,
+    SEQUENTIAL_SEARCH,
+    Design,
+    sequential_seeds_needed,
+)
 from results.verdicts.claims import FRAGILE_N, ClaimSet, Evaluation, canonical_scheme
 from results.verdicts.engine import evaluate
 from results.verdicts.schema import load_claims
@@ -326,7 +333,8 @@ def _seeds_argument(seeds: Sequence[int]) -> str:
 @dataclass(frozen=True)
 class ClaimPlan:
     """One primary claim's plan: the SD it assumes and where it comes from, the design's power at the
-    cap for the paper's effect at that SD, and the fixed-n seeds per arm for 80% power at alpha / m."""
+    cap for the paper's effect at that SD, the fixed-n seeds per arm for 80% power at alpha / m, and
+    the cap at which the sequential design itself reaches 80% (what a seeds=auto grid needs)."""
 
     claim: str
     effect: float
@@ -335,14 +343,26 @@ class ClaimPlan:
     power: float
     cap: int
     needed: int | None
+    needed_sequential: int | None = None
+
+    @property
+    def needed_text(self) -> str:
+        """``22 seeds per arm at fixed n, a cap of 24 under the sequential design (stages of 3)``."""
+        if self.needed is None:
+            return "no seed count reaches 80% power"
+        sequential = (
+            f"a cap of {self.needed_sequential} under the sequential design"
+            if self.needed_sequential
+            else f"more than {SEQUENTIAL_SEARCH * self.cap} under the sequential design (searched to there)"
+        )
+        return f"{self.needed} seeds per arm at fixed n, {sequential} for 80% power"
 
     @property
     def warning(self) -> str:
         """One line when the power at the cap is below 50%, else empty."""
         if self.power >= 0.5:
             return ""
-        needed = f"{self.needed} seeds needed" if self.needed else "no seed count reaches 80% power"
-        return f"warning: {self.claim}: {self.power:.0%} power at {self.cap} seeds; {needed}"
+        return f"warning: {self.claim}: {self.power:.0%} power at {self.cap} seeds; {self.needed_text}"
 
 
 MIN_SEEDS_FOR_SD = FRAGILE_N  # under this many finished paired seeds an observed SD is too thin to plan on
@@ -365,7 +385,9 @@ def plan_claim(claim_id: str, effect: float, diffs: Sequence[float], design: Des
         if observed is not None:
             source += f"; not the SD {observed:.4f} of {len(diffs)} finished paired seeds (under {MIN_SEEDS_FOR_SD})"
     power = design.power(effect, sd, paths=50_000)
-    return ClaimPlan(claim_id, effect, sd, source, power, design.n_max, seeds_needed(effect, sd, design.share))
+    fixed = seeds_needed(effect, sd, design.share)
+    sequential = sequential_seeds_needed(design, effect, sd, fixed) if fixed is not None else None
+    return ClaimPlan(claim_id, effect, sd, source, power, design.n_max, fixed, sequential)
 
 
 def power_lines(claims: ClaimSet, ids: Sequence[str], measured: dict[str, list[float]], design: Design) -> list[str]:
@@ -375,10 +397,9 @@ def power_lines(claims: ClaimSet, ids: Sequence[str], measured: dict[str, list[f
         if claim.id not in ids or not claim.paper_effect:
             continue
         plan = plan_claim(claim.id, claim.paper_effect, measured.get(claim.id, []), design)
-        needed = f"{plan.needed} seeds per arm for 80% at fixed n" if plan.needed else "no n reaches 80%"
         lines.append(
             f"  {claim.id:26s} effect {plan.effect:+.3f}, {plan.source}: {plan.power:.0%} power at the cap "
-            f"({plan.cap} seeds); {needed}"
+            f"({plan.cap} seeds); {plan.needed_text}"
         )
         if plan.warning:
             lines.append(f"  {plan.warning}")
@@ -427,9 +448,10 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
         line = f"  {claim.id:26s} effect {claim.paper_effect:+.3f}, {plan.source}: {plan.power:.0%} power at {plan.cap} seeds; "
         if plan.warning:
             warnings.append(plan.warning)
-        n = plan.needed
+        # the cost of the seeds the grid would run: the sequential design's cap (it may stop before)
+        n = plan.needed_sequential or plan.needed
         if n is None:
-            print(line + "no seed count reaches 80% power", file=out)
+            print(line + plan.needed_text, file=out)
             continue
         wall = (per_run if per_run is not None else _flop_seconds(arm_plans[0], cores_per_cell(launch))) * n * 2
         cost = _hours(wall, launch)
@@ -437,7 +459,7 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
         how = "measured run times" if per_run is not None else "FLOP model"
         print(
             line
-            + f"{n} seeds per arm at 80% power; 2 arms {cost:.3g} CPU-h, ETA {eta} on launcher={launch.launcher.name} ({how})",
+            + f"{plan.needed_text}; 2 arms at {n} seeds {cost:.3g} CPU-h, ETA {eta} on launcher={launch.launcher.name} ({how})",
             file=out,
         )
     for warning in warnings:

@@ -292,7 +292,8 @@ def render_claims(
         "the level the verdict uses (α / m in the primary family, α in the secondary; noncentral t; paired: SD "
         "of the per-seed differences; Welch: the equal-n two-sample approximation with the pooled SD); *seeds "
         "for paper Δ* is the n per row the paper's effect would need at 80% power at that level, given the "
-        "observed SD (`mesh-sweep GRID --plan` gives the same number). An inconclusive line whose MDE is above "
+        "observed SD, at a fixed n (one t-test on that many seeds); the `seeds=auto` design, which spends α over "
+        "its looks, needs a cap at least as large (`mesh-sweep GRID --plan` gives both). An inconclusive line whose MDE is above "
         "the paper's effect could not have detected it.",
         "* **Best-of claims** (the claimed row against every other row selected): hold only if every pairwise "
         "comparison goes the paper's way and the largest p (intersection-union test), adjusted across the "

@@ -146,6 +146,38 @@ class Design:
         return float(np.mean(decide_paths(self, diffs, futile_at) == np.sign(effect)))
 
 
+SEQUENTIAL_SEARCH = 3  # caps are searched up to this many times the design's own cap
+
+
+def sequential_seeds_needed(
+    design: Design, effect: float, sd: float, fixed_n: int, target: float = 0.8, paths: int = 50_000
+) -> int | None:
+    """The smallest cap (a whole number of stages, from ``fixed_n`` up) at which the seeds=auto
+    design of ``design``'s stage, alpha and claims reaches ``target`` power for ``effect`` at ``sd``
+    (simulated, :meth:`Design.power`, its bounds calibrated for that cap): what "seeds needed" means
+    for a grid that runs the sequential design, never below the fixed-n count, since the design
+    spends alpha over its looks and stops some paths for futility. Found by bisection over caps
+    (power grows with the cap); None when no cap up to :data:`SEQUENTIAL_SEARCH` times the design's
+    own cap reaches it (each cap's calibration is a simulation: the search stays that short)."""
+    stage = design.stage
+
+    def reaches(cap: int) -> bool:
+        trial = Design(stage, cap, design.alpha, design.claims, design.spending, design.futility)
+        return trial.power(effect, sd, paths=paths) >= target
+
+    low = max(2 * stage, -(-fixed_n // stage) * stage)
+    high = SEQUENTIAL_SEARCH * design.n_max - (SEQUENTIAL_SEARCH * design.n_max) % stage
+    if low > high or not reaches(high):
+        return None
+    while low < high:
+        middle = low + ((high - low) // stage // 2) * stage
+        if reaches(middle):
+            high = middle
+        else:
+            low = middle + stage
+    return high
+
+
 def futility_bound(mean: float, sd: float, n: int, effect: float, share: float) -> float:
     """The one-sided 1 - share confidence bound on the paper's side of the mean (the lower bound
     when the paper's effect is negative, the upper when positive)."""
