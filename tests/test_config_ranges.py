@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from experiments.config import OptimConfig, ProbeConfig, SearchConfig, TrackingConfig, TrainConfig, TrainerConfig
+from experiments.config import (
+    DepthEvalConfig,
+    OptimConfig,
+    ProbeConfig,
+    SearchConfig,
+    TrackingConfig,
+    TrainConfig,
+    TrainerConfig,
+)
 from experiments.data.config import DataConfig
 from experiments.loops import LoopsConfig
 from mesh_model import ConfigError, ModelConfig
@@ -106,6 +114,12 @@ CASES: list[tuple[type, str, Any, Any, str]] = [
     (ProbeConfig, "num_batches", 0, lambda v: check_run("probes", "num_batches", v), "probes.num_batches"),
     (ProbeConfig, "seq_len", 3, lambda v: check_run("probes", "seq_len", v), "probes.seq_len"),
     (ProbeConfig, "debiased", True, lambda v: check_run("probes", "debiased", v), "probes.debiased"),
+    # depth_eval (after training)
+    (DepthEvalConfig, "loops", [2, 0], lambda v: check_run("depth_eval", "loops", v), "depth_eval.loops"),
+    (DepthEvalConfig, "rules", ["newest"], lambda v: check_run("depth_eval", "rules", v), "depth_eval.rules"),
+    (DepthEvalConfig, "exit", ["entropy"], lambda v: check_run("depth_eval", "exit", v), "depth_eval.exit"),
+    (DepthEvalConfig, "exit_eps", [0.01, -1], lambda v: check_run("depth_eval", "exit_eps", v), "depth_eval.exit_eps"),
+    (DepthEvalConfig, "exit_loops", 0, lambda v: check_run("depth_eval", "exit_loops", v), "depth_eval.exit_loops"),
     # search
     (SearchConfig, "n_trials", -1, lambda v: check_run("search", "n_trials", v), "search.n_trials"),
     (SearchConfig, "direction", "up", lambda v: check_run("search", "direction", v), "search.direction"),
@@ -275,12 +289,22 @@ CASES: list[tuple[type, str, Any, Any, str]] = [
 ]
 SCHEMAS = (
     TrainConfig, TrainerConfig, OptimConfig, TrackingConfig, ProbeConfig, SearchConfig, DataConfig, ModelConfig,
-    LoopsConfig, LaunchConfig, ResourcesConfig, *LAUNCHERS.values(), AutoSeeds,
+    LoopsConfig, LaunchConfig, ResourcesConfig, *LAUNCHERS.values(), AutoSeeds, DepthEvalConfig,
 )  # fmt: skip
 # Fields with no range to leave: free text, switches, nested groups, what a run is told by its
 # launcher, and ModelConfig's derived (init=False) fields and preset name.
 UNRANGED = {
-    "TrainConfig": {"model_overrides", "data", "trainer", "optim", "loops", "tracking", "probes", "search"},
+    "TrainConfig": {
+        "model_overrides",
+        "data",
+        "trainer",
+        "optim",
+        "loops",
+        "tracking",
+        "probes",
+        "search",
+        "depth_eval",
+    },
     "TrainerConfig": {"strategy"},
     "TrackingConfig": {"tracking_uri", "run_name", "parent_run_id", "sweep", "tags"},
     "SearchConfig": {"params", "templates", "study_name", "storage"},

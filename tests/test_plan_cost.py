@@ -24,7 +24,10 @@ def test_local_cells_share_the_machine_and_the_eta_is_core_hours_over_its_cores(
     out = io.StringIO()
     assert print_plan("schemes", rest, out=out) == 0
     line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("mesh_below_base"))
-    n, cpu_h, eta, unit = re.search(r"(\d+) seeds per arm .* ([\d.]+) CPU-h, ETA ([\d.]+) (h|min)", line).groups()
+    # The cost is the sequential design's: at its cap, not at the fixed-n count printed before it.
+    n, cpu_h, eta, unit = re.search(
+        r"a cap of (\d+) under the sequential design .* at \1 seeds ([\d.]+) CPU-h, ETA ([\d.]+) (h|min)", line
+    ).groups()
     eta_h = float(eta) / (60 if unit == "min" else 1)
     # The FLOP model at the cell's cores, for 2 arms of n seeds; core-hours do not depend on the cores.
     per_run = flop_seconds(plans[0].model_config, plans[0].budget, cores_per_cell(launch))
