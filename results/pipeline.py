@@ -87,6 +87,7 @@ def build_report(
     paper_file: str | Path | None = None,
     publish_to_parents: bool = True,
     opening: Sequence[str] = (),
+    add: bool = False,
 ) -> Output:
     """Read the runs of ``experiments`` (all when empty) passing ``filter_string`` from the store and
     write the report into ``out_dir`` (:func:`write_report`); then (``publish_to_parents``) colour and
@@ -94,7 +95,9 @@ def build_report(
     sweep whose cells it read. ``opening``: lines that ``report.md``, ``claims.md`` and the parent
     runs' descriptions open with this grid's answer (:func:`results.render.answer.opening`) and then
     these context lines (the main job's decided-result and regime lines, :mod:`results.commands.demo_regime`),
-    which the parents record for the next ``mesh-results`` (:data:`results.publish.parents.CONTEXT_TAG`)."""
+    which the parents record for the next ``mesh-results`` (:data:`results.publish.parents.CONTEXT_TAG`).
+    ``add``: the report already in ``out_dir`` keeps the runs it reports that this store lacks (a grid
+    run in parts, each part in its own store: :func:`merged`); only this store's sweeps are published to."""
     out = Path(out_dir)
     spec = ReportSpec(name, tuple(experiments), tracking_uri, filter_string, metric, tuple(opening))
     client = store.open_client(tracking_uri)
@@ -115,13 +118,21 @@ def build_report(
             store.stages_file(client, results.runs, Path(downloads)),
             read_depth(client, results, Path(downloads)),
         )
-        output = write_report(folder, spec, data, results, paper, final=out)
+        report_results = results
+        if add and (out / RUNS_CSV).is_file():
+            staged = Path(downloads) / "this-store"
+            staged.mkdir()
+            _write_data(Output(staged, staged / REPORT, results), spec, data, results)
+            data = merged(read_folder(out), read_folder(staged))
+            report_results = _rows(data.frame, spec, paper, f"{where} and {out / RUNS_CSV}")
+            _refuse_merged_cells(report_results, out)
+        output = write_report(folder, spec, data, report_results, paper, final=out)
     output = output.moved_to(out)
     known = store.experiment_ids(client, ())
     output.experiment_ids = {name: known[name] for name in results.runs["experiment"].unique() if name in known}
     if publish_to_parents and not is_opened_read_only(tracking_uri):  # a read-only store is only read
         quoted = formats.quote_lines(output.opening)[1:]
-        lines = [*quoted, *([""] if quoted else []), *ranking(results, output.evaluations)]
+        lines = [*quoted, *([""] if quoted else []), *ranking(output.results, output.evaluations)]
         done = parents.publish(client, tracking_uri, out, name, results.runs, output.experiment_ids, lines, opening)
         output.published, output.published_pages, output.published_to = done.parents, done.pages, done.folder
         output.view = done.view
@@ -133,20 +144,66 @@ def rebuild_report(folder: str | Path, paper_file: str | Path | None = None) -> 
     :func:`write_report` that :func:`build_report` runs."""
     folder = Path(folder)
     spec = ReportSpec.read(folder)
-    frame = read_runs_csv(folder / RUNS_CSV)
+    data = read_folder(folder)
     paper = load_paper_numbers(paper_file)
-    results = _rows(frame, spec, paper, str(folder / RUNS_CSV))
-    data = RunData(
-        frame,
+    results = _rows(data.frame, spec, paper, str(folder / RUNS_CSV))
+    with report_folder(folder) as new:
+        output = write_report(new, spec, data, results, paper, final=folder)
+    return output.moved_to(folder)
+
+
+def read_folder(folder: Path) -> RunData:
+    """The data a report folder keeps beside its report (what :func:`_write_data` wrote)."""
+    return RunData(
+        read_runs_csv(folder / RUNS_CSV),
         read_curves_csv(folder / FILE_CURVES),
         read_routing_csv(folder / FILE_ROUTING),
         read_histories_csv(folder / TRAIN_LOSS),
         probe_report_files(folder / PROBE_REPORTS),
         depth=read_depth_csvs(folder),
     )
-    with report_folder(folder) as new:
-        output = write_report(new, spec, data, results, paper, final=folder)
-    return output.moved_to(folder)
+
+
+def _refuse_merged_cells(results: Results, out: Path) -> None:
+    """A row of the merged report that holds one seed twice is two cells the report cannot tell apart:
+    each part's folder keeps only the settings that set its own rows apart."""
+    for row in results.rows:
+        seeds = [s for s in row.seeds if s != ""]
+        if len(seeds) != len(set(seeds)):
+            twice = sorted({s for s in seeds if seeds.count(s) > 1})
+            raise ResultsError(
+                f"--add: {out} and this store have runs it cannot tell apart (row {row.label!r} would hold seed "
+                f"{twice[0]} twice); report each part with the same arms (split a grid by seeds), or into its own --out"
+            )
+
+
+def merged(kept: RunData, new: RunData) -> RunData:
+    """``new``'s runs and those of ``kept`` that ``new`` lacks, each table joined the same way; both as
+    report folders keep them (:func:`read_folder`). A kept run is replaced by ``new``'s when they share
+    the run id or the config hash (the same cell trained again, e.g. in a fresh store), so a cell is
+    never counted twice. A table one side never kept comes from the other."""
+    hashes = {h for h in new.frame.get("config_hash", pd.Series(dtype=str)).dropna().astype(str) if h}
+    old_ids = kept.frame["run_id"].astype(str)
+    same_cell = kept.frame.get("config_hash", pd.Series("", index=kept.frame.index)).astype(str).isin(hashes)
+    fresh = set(new.frame["run_id"].astype(str)) | set(old_ids[same_cell])
+
+    def join(old: pd.DataFrame | None, recent: pd.DataFrame | None) -> pd.DataFrame | None:
+        if old is None or old.empty:
+            return recent
+        rest = old[~old["run_id"].astype(str).isin(fresh)] if "run_id" in old.columns else old
+        return rest if recent is None else pd.concat([rest, recent], ignore_index=True)
+
+    def table(old: pd.DataFrame, recent: pd.DataFrame) -> pd.DataFrame:
+        return join(old, recent) if not recent.empty or not old.empty else recent  # type: ignore[return-value]
+
+    return RunData(
+        join(kept.frame, new.frame),  # type: ignore[arg-type]
+        join(kept.curves, new.curves),
+        table(kept.routing, new.routing),
+        join(kept.train_loss, new.train_loss),
+        {**{k: v for k, v in kept.probe_files.items() if k not in fresh}, **new.probe_files},
+        depth=DepthData(table(kept.depth.depth, new.depth.depth), table(kept.depth.exit, new.depth.exit)),
+    )
 
 
 def _rows(frame: pd.DataFrame, spec: ReportSpec, paper: list[PaperRow], where: str) -> Results:
@@ -310,4 +367,13 @@ def rebuild_claims(
     return output.claims, output.evaluations, output.results
 
 
-__all__ = ["Output", "RunData", "build_report", "rebuild_claims", "rebuild_report", "write_report"]
+__all__ = [
+    "Output",
+    "RunData",
+    "build_report",
+    "merged",
+    "read_folder",
+    "rebuild_claims",
+    "rebuild_report",
+    "write_report",
+]

@@ -178,3 +178,51 @@ def test_plan_of_the_depth_study_gives_its_budget_first_and_no_power(tmp_path):
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("depth: 24 cells (8 configs x 3 seeds); estimate: ") and "CPU-h" in lines[0]
     assert lines[-1].endswith("no claim's power to plan") and "depth_eval (loops [1, 2, 3, 4, 6, 8]" in lines[-2]
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_a_grid_reported_in_parts_with_add_is_the_grid_reported_whole(depth_grid, tmp_path):
+    """A study run in parts (each session or machine its own store, every part the grid's arms for some
+    of its seeds) is reported by ``mesh-results --add`` into the same folder: the runs the folder reports
+    and the store lacks are kept, and the report is the one of the whole grid; a cell trained again
+    (another run id, the same config hash) replaces its earlier run instead of counting twice; parts
+    whose rows the folder cannot tell apart (it keeps only the settings that set its own rows apart)
+    are refused in one line."""
+    from results.commands.mesh_results import main
+    from results.pipeline import build_report, rebuild_report
+    from results.rows.frame import ResultsError
+
+    uri = f"sqlite:///{depth_grid / 'mlflow.db'}"
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    build_report("depth", ["depth"], uri, whole, publish_to_parents=False)
+    build_report("depth", ["depth"], uri, parts, filter_string="params.seed = '200'", publish_to_parents=False)
+    assert set(pd.read_csv(parts / "runs.csv")["seed"]) == {200}
+    args = ["depth", "--tracking-uri", uri, "--out", str(parts), "--filter", "params.seed = '201'", "--add"]
+    assert main(args) == 0
+    same = ("depth_ppl.csv", "depth_verdicts.csv", "exit_points.csv", "depth.md", "table.md", "claims.md")
+    assert {n: _files(parts)[n] for n in same} == {n: _files(whole)[n] for n in same}
+    assert sorted(pd.read_csv(parts / "runs.csv")["run_id"]) == sorted(pd.read_csv(whole / "runs.csv")["run_id"])
+    kept = _files(parts)
+    rebuild_report(parts)
+    assert _files(parts) == kept
+    # the seed-200 cells as if trained in another store: other run ids, the same config hashes
+    renamed = {}
+    for name in ("runs.csv", "curves.csv", "train_loss.csv", "depth.csv", "exit.csv"):
+        frame = pd.read_csv(parts / name, dtype={"run_id": str})
+        renamed.update({r: f"old{r[3:]}" for r in frame["run_id"].unique()})
+        frame.assign(run_id=frame["run_id"].map(renamed)).to_csv(parts / name, index=False)
+    build_report("depth", ["depth"], uri, parts, publish_to_parents=False, add=True)
+    assert {n: _files(parts)[n] for n in same} == {n: _files(whole)[n] for n in same}
+    assert not any(r.startswith("old") for r in pd.read_csv(parts / "runs.csv", dtype={"run_id": str})["run_id"])
+    # parts split by training: each alone has no setting that sets its MeSH rows apart
+    fixed = tmp_path / "fixed"
+    build_report("depth", ["depth"], uri, fixed, filter_string="params.`loops.distribution` = 'fixed'",
+                 publish_to_parents=False)  # fmt: skip
+    before = _files(fixed)
+    with pytest.raises(ResultsError, match="cannot tell apart"):
+        build_report("depth", ["depth"], uri, fixed, filter_string="params.`loops.distribution` = 'uniform'",
+                     publish_to_parents=False, add=True)  # fmt: skip
+    assert _files(fixed) == before

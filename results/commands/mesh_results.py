@@ -53,6 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "it), without the MLflow store, and refresh the ranking, claims and design of the report.md there (into "
         "--out, default the CSV's folder)",
     )
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="add this store's runs to the report already in --out, which keeps the runs it reports that this "
+        "store lacks (a grid run in parts, each in its own store); a cell in both is this store's",
+    )
     args = parser.parse_args(take_verbose_flag(list(sys.argv[1:] if argv is None else argv)))
     experiments = [n.strip() for n in args.name.split(",") if n.strip()]
     if args.from_csv:
@@ -75,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         uri = tracking_uri_for(args.tracking_uri, args.runs_dir or "runs", environment=args.runs_dir is None)
         context = _recorded_context(uri, experiments)  # what the grid's job set its answer beside (mesh-demo)
-        output = build_report(label, experiments, uri, out, args.filter, args.metric, args.paper, opening=context)
+        output = build_report(
+            label, experiments, uri, out, args.filter, args.metric, args.paper, opening=context, add=args.add
+        )
     except ResultsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

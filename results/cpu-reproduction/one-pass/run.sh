@@ -24,7 +24,8 @@
 #   depth    the loop count at test time (sweeps/conf/sweep/depth.yaml: arms, seeds 200-202 and the rule,
 #            declared before it ran): base, anchor, anchor*, MeSH x fixed/sampled K, then MeSH at sampled
 #            K under the cycle rule; every cell evaluated at K' = 1..8 and under exit as it ends. Its
-#            runs live in $DEPTH_RUNS (runs/depth); `depth-report` writes depth/ from them.
+#            runs live in $DEPTH_RUNS (runs/depth); `depth-report` adds them to depth/ (mesh-results
+#            --add: a study run in parts, docs/depth.md).
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
 DEPTH_RUNS="${DEPTH_RUNS:-runs/depth}"
@@ -143,7 +144,7 @@ for stage in "${STAGES[@]}"; do
       ;;
     depth-report)
       echo "+ mesh-results depth --out $OUT/depth" >&2
-      .venv/bin/mesh-results depth --runs-dir "$DEPTH_RUNS" --out "$OUT/depth" || echo "run.sh: no depth report (has its stage run?)" >&2
+      .venv/bin/mesh-results depth --runs-dir "$DEPTH_RUNS" --out "$OUT/depth" --add || echo "run.sh: no depth report (has its stage run?)" >&2
       ;;
     plan)
       # shellcheck disable=SC2046
