@@ -194,10 +194,10 @@ def merged(kept: RunData, new: RunData) -> RunData:
         return rest if recent is None else pd.concat([rest, recent], ignore_index=True)
 
     def table(old: pd.DataFrame, recent: pd.DataFrame) -> pd.DataFrame:
-        return join(old, recent) if not recent.empty or not old.empty else recent  # type: ignore[return-value]
+        return join(old, recent) if not recent.empty or not old.empty else recent
 
     return RunData(
-        join(kept.frame, new.frame),  # type: ignore[arg-type]
+        join(kept.frame, new.frame),
         join(kept.curves, new.curves),
         table(kept.routing, new.routing),
         join(kept.train_loss, new.train_loss),
