@@ -120,6 +120,8 @@ def build_report(
         )
         report_results = results
         if add and (out / RUNS_CSV).is_file():
+            # this store's data written as a folder keeps it, so both sides are joined in one form and
+            # the merged report rebuilds from its folder to the same bytes
             staged = Path(downloads) / "this-store"
             staged.mkdir()
             _write_data(Output(staged, staged / REPORT, results), spec, data, results)
@@ -185,24 +187,21 @@ def merged(kept: RunData, new: RunData) -> RunData:
     hashes = {h for h in new.frame.get("config_hash", pd.Series(dtype=str)).dropna().astype(str) if h}
     old_ids = kept.frame["run_id"].astype(str)
     same_cell = kept.frame.get("config_hash", pd.Series("", index=kept.frame.index)).astype(str).isin(hashes)
-    fresh = set(new.frame["run_id"].astype(str)) | set(old_ids[same_cell])
+    replaced = set(new.frame["run_id"].astype(str)) | set(old_ids[same_cell])
 
     def join(old: pd.DataFrame | None, recent: pd.DataFrame | None) -> pd.DataFrame | None:
         if old is None or old.empty:
             return recent
-        rest = old[~old["run_id"].astype(str).isin(fresh)] if "run_id" in old.columns else old
+        rest = old[~old["run_id"].astype(str).isin(replaced)] if "run_id" in old.columns else old
         return rest if recent is None else pd.concat([rest, recent], ignore_index=True)
-
-    def table(old: pd.DataFrame, recent: pd.DataFrame) -> pd.DataFrame:
-        return join(old, recent) if not recent.empty or not old.empty else recent
 
     return RunData(
         join(kept.frame, new.frame),
         join(kept.curves, new.curves),
-        table(kept.routing, new.routing),
+        join(kept.routing, new.routing),
         join(kept.train_loss, new.train_loss),
-        {**{k: v for k, v in kept.probe_files.items() if k not in fresh}, **new.probe_files},
-        depth=DepthData(table(kept.depth.depth, new.depth.depth), table(kept.depth.exit, new.depth.exit)),
+        {**{k: v for k, v in kept.probe_files.items() if k not in replaced}, **new.probe_files},
+        depth=DepthData(join(kept.depth.depth, new.depth.depth), join(kept.depth.exit, new.depth.exit)),
     )
 
 
