@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import nct
 from scipy.stats import t as student_t
 
 from mesh_model import ConfigError
@@ -19,9 +20,11 @@ from results.stats.sequential import (
     Design,
     decide_paths,
     family_paths,
+    futile_stop_chance,
     futility_bound,
     naive_paths,
     null_grids,
+    path_outcomes,
     shared_arm_cov,
     spent,
 )
@@ -220,3 +223,45 @@ def test_bad_designs_are_refused_in_one_line(kwargs, field):
     with pytest.raises(ConfigError) as error:
         Design(**kwargs)
     assert field in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_paths_futility_stops_are_decides_futility_stops():
+    """The simulated futility stops are the per-claim rule's, path by path (efficacy looked at first)."""
+    design = Design(stage=3, n_max=12, alpha=0.05, claims=4)
+    diffs = np.random.default_rng(8).normal(0.0, 0.04, size=(400, 12))
+    outcomes, futile = path_outcomes(design, diffs, EFFECT)
+    for row, outcome, stopped in zip(diffs, outcomes, futile, strict=True):
+        decision = CONTINUE
+        for n in design.looks:
+            decision = design.decide(row[:n], EFFECT)
+            if decision != CONTINUE:
+                break
+        assert (decision == FUTILE) == stopped and (decision == REJECT) == (outcome != 0)
+    assert 0 < futile.sum() < len(futile)
+
+
+@pytest.mark.parametrize("truth", [EFFECT, 0.0, 0.02])
+def test_the_chance_of_a_futility_stop_at_one_interim_look_is_scipys_noncentral_t(truth):
+    """Two looks (n = 3, 6): futility is judged only at n = 3, where it stops when (mean - effect) / se
+    exceeds t(1 - share, 2), a noncentral t tail (scipy); the first look's efficacy bound can take a path
+    first, at most P(|T| > c_1), also scipy's."""
+    design, sd = Design(stage=3, n_max=6, alpha=0.05, claims=4), 0.05
+    df, root = 2, math.sqrt(3)
+    tail = student_t.ppf(1 - design.share, df)
+    exact = nct.sf(tail, df, (truth - EFFECT) * root / sd)
+    c1 = design.boundaries[0]
+    efficacy_first = nct.sf(c1, df, truth * root / sd) + nct.cdf(-c1, df, truth * root / sd)
+    paths = 400_000
+    chance = futile_stop_chance(design, truth, sd, EFFECT, paths=paths)
+    se = math.sqrt(exact * (1 - exact) / paths)
+    assert exact - efficacy_first - 4 * se <= chance <= exact + 4 * se
+
+
+def test_a_futility_stop_when_the_papers_effect_is_true_is_about_share_per_interim_look():
+    """The reviewer's figure: the schemes grid's design (stages of 3, cap 12, 4 claims) stops about 3%
+    of claims for futility although the paper's effect is real; never more than share x interim looks."""
+    design = Design(stage=3, n_max=12, alpha=0.05, claims=4)
+    chance = futile_stop_chance(design, EFFECT, 0.06, EFFECT)
+    assert 0.025 < chance < 3 * design.share
+    assert futile_stop_chance(design, 0.05, 0.06, EFFECT) > 0.5  # a wrong-way truth is stopped often
+    assert futile_stop_chance(Design(stage=3, n_max=12, claims=4, futility=False), EFFECT, 0.06, EFFECT) == 0.0

@@ -14,8 +14,8 @@ from scipy import stats as scipy_stats
 
 from results.pipeline import rebuild_claims
 from results.runs.stages import read_confirmatory, read_design_log
-from results.stats.sequential import Design
-from results.verdicts.sequential import FUTILITY_STOP
+from results.stats.sequential import Design, futile_stop_chance
+from results.verdicts.sequential import FUTILITY_STOP, RUNNING, UNDECIDED, paired_diffs
 
 ONE_PASS = Path(__file__).parents[1] / "results/cpu-reproduction/one-pass"
 SCHEMES = ONE_PASS / "schemes"
@@ -67,9 +67,28 @@ def test_the_primary_verdicts_are_the_designs_decisions_with_their_rci(rebuilt):
     lower = diffs.mean() - scipy_stats.t.ppf(1 - 0.0125, 5) * diffs.std(ddof=1) / math.sqrt(6)
     assert lower > -0.036
     text = (folder / "claims.md").read_text()
-    assert "stopped for futility at stage 2 (n=6), RCI [" in text and "fixed-n view, secondary" in text
+    assert f"{FUTILITY_STOP} at stage 2 (n=6), RCI [" in text and "fixed-n view, secondary" in text
     assert "paired t (n=6 common of 9+6)" in text  # the anchor arms stopped at 6: their 6 pairs kept
-    assert "paper's effect ruled out (one-sided 98.75% bound -0.0141 vs paper -0.036)" in text
+    # the fixed-n bound is the secondary view: not called "ruled out" under the design
+    assert "the paper's effect beyond the fixed-n bound (one-sided 98.75% bound -0.0141 vs paper -0.036)" in text
+    assert "paper's effect ruled out (one-sided" not in text
+    # at the stop the RCI excludes neither; the n = 9 RCI (the runs went on under the earlier rule) excludes -0.036
+    base = primary["mesh_below_base"].sequential
+    assert base.rci_low < -0.036 and base.rci_high > 0 and "excludes neither the paper's -0.036 nor 0" in base.text
+    nine = _log_diffs("mesh", "base")[:9]
+    half = design.boundaries[2] * nine.std(ddof=1) / 3.0
+    assert base.later[0] == 9 and base.later[1:] == pytest.approx((nine.mean() - half, nine.mean() + half))
+    assert base.later[1] > -0.036 and base.text.endswith(
+        "excludes the paper's -0.036, not 0: the paper's effect ruled out"
+    )
+    # how often this design stops so when the paper's effect is true, at the claim's SD at its stop
+    six = _log_diffs("mesh", "base")[:6]
+    chance = futile_stop_chance(design, -0.036, six.std(ddof=1), -0.036)
+    assert base.futile_chance == chance and f"is true: {100 * chance:.1f}% (simulated)" in text
+    assert 0.025 < chance < 0.035  # the reviewer's 2.9-3.1% at 98.75%
+    # the rule that decided: the driver's log stopped MeSH < base at n = 9, this report re-takes it at 6
+    assert "Decisions re-taken under a later rule" in text and "the driver logged *futile* at n = 9" in text
+    assert "| `mesh_below_base` (mesh 1+2R2+1 B5) | +1.01: continue | +1.56: futile | +1.83: futile |  |" in text
     report = (folder / "report.md").read_text()
     assert "### The sequential design" in report and "[`stages.json`](stages.json)" in report
     assert "holds at stage 3 (n=9), RCI [" in report and "refreshed" not in report  # written whole, not patched
@@ -102,3 +121,38 @@ def test_a_report_that_reads_the_confirmatory_runs_again_calls_its_lines_a_secon
     (same,) = [e for e in confirmatory if e.claim.id == "mesh_below_anchor"]
     ours, theirs = anchor.lines[0].comparison, same.lines[0].comparison
     assert (ours.n_a, ours.diff, ours.p) == (theirs.n_a, theirs.diff, theirs.p)  # the same runs, the same line
+
+
+def test_stage_b_splits_alpha_over_the_four_comparisons_it_reports_together(tmp_path):
+    """Stage B ran one grid per arm, each at alpha / 2 per claim; its report decides the four comparisons
+    as one family (stages.json: family 4), so a stop taken at alpha / 2 that alpha / 4 does not take is
+    undecided, and the split the grids ran with is shown beside it."""
+    shutil.copytree(ONE_PASS / "open_choices_confirm", tmp_path / "open_choices_confirm")
+    shutil.copy(ONE_PASS / "confirmatory.yaml", tmp_path / "confirmatory.yaml")
+    folder = tmp_path / "open_choices_confirm"
+    _, evaluations, _ = rebuild_claims(folder / "runs.csv", folder)
+    family, as_run = Design(claims=4), Design(claims=2)
+    decided = [e for e in evaluations if e.sequential is not None]
+    assert len(decided) == 4
+    words = {}
+    for e in decided:
+        arm = "mesh_router_z_coef" if "mesh_router_z_coef" in e.row.label else "mesh_final_read"
+        other = e.lines[0].other.label.split()[0]
+        diffs = np.array([d for _, d in paired_diffs(e)])  # log PPL, by seed from 100 on
+        assert e.sequential.n <= len(diffs) and e.sequential.as_run is not None
+        words[(arm, other)] = (e.sequential.word, e.sequential.as_run.word)
+        for design, verdict in ((family, e.sequential), (as_run, e.sequential.as_run)):
+            decision = "continue"
+            for n in design.looks:
+                if n > len(diffs):
+                    break
+                decision = design.decide(diffs[:n], e.claim.paper_effect)
+                if decision != "continue":
+                    break
+            assert verdict.decision == decision
+    assert words[("mesh_router_z_coef", "base")] == (RUNNING, FUTILITY_STOP)  # the issue's case
+    assert words[("mesh_router_z_coef", "anchor")] == (RUNNING, FUTILITY_STOP)
+    assert words[("mesh_final_read", "base")] == (UNDECIDED, UNDECIDED)
+    text = (folder / "claims.md").read_text()
+    assert "Bonferroni over the 4 primary comparisons this report decides together" in text
+    assert "Under the split the grids ran with** (α over 2, 0.025 each" in text

@@ -305,7 +305,11 @@ def render_claims(
         "* Rows are compared only within a block (same preset and compute depth) and with the same other "
         "settings. A claim is evaluated for every block, claimed row and validation set where its rows are "
         "present: one line each.",
-        *(design_lines(design, f"[`{design.log.name}`]({design.log.name}) beside this file") if design else []),
+        *(
+            design_lines(design, f"[`{design.log.name}`]({design.log.name}) beside this file", evaluations)
+            if design
+            else []
+        ),
         *family_lines(declared, folder_name),
         *_fragile_banner(evaluations),
         "",

@@ -387,7 +387,7 @@ def design_section(output: Output) -> list[str]:
         "the output of `mesh-sweep ... seeds=auto`" if name == LOG else "the record the grid logged on its parent run"
     )
     log = f"[`{name}`]({name}) ({what}: every stage, its seeds and its decisions)"
-    return ["### The sequential design", "", *design_lines(output.design, log), ""]
+    return ["### The sequential design", "", *design_lines(output.design, log, output.evaluations), ""]
 
 
 def _methods(

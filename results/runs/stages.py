@@ -48,7 +48,16 @@ def read_stages(folder: str | Path) -> DesignRecord | None:
         claims = document.get("claims") or sorted(
             {v["claim"] for stage in document.get("stages", []) for v in stage.get("verdicts", [])}
         )
-        return DesignRecord(AutoSeeds(**design), tuple(claims), path)
+        family, ran = document.get("family"), document.get("ran_family")
+        return DesignRecord(
+            AutoSeeds(**design),
+            tuple(claims),
+            path,
+            int(family) if family else None,
+            int(ran) if ran else None,
+            str(document.get("note", "")),
+            logged_decisions(path),
+        )
     except (ValueError, KeyError, TypeError) as error:
         raise ResultsError(f"{path}: not a seeds=auto stages record ({type(error).__name__}: {error})") from None
 
@@ -75,7 +84,7 @@ def read_design_log(path: str | Path) -> DesignRecord | None:
     auto, _ = split_auto_seeds(shlex.split(command)[3:])
     listed = re.search(r"seeds=auto: \d+ arms, primary claims (.+?); ", text)
     claims = tuple(c.strip() for c in listed.group(1).split(",")) if listed else ()
-    return DesignRecord(auto or AutoSeeds(), claims, path)
+    return DesignRecord(auto or AutoSeeds(), claims, path, logged=logged_decisions(path))
 
 
 def read_confirmatory(folder: str | Path) -> dict[str, object] | None:
@@ -94,3 +103,27 @@ def read_confirmatory(folder: str | Path) -> dict[str, object] | None:
         "second_readings": [str(r) for r in data.get("second_readings", [])],
         "path": path,
     }
+
+
+_LOGGED = re.compile(r"^(\w+)\s+(\d+)\s+[+-]?[\d.]+\s+\S+\s+\S+\s+(\w+)\s+\(", re.MULTILINE)
+
+
+def logged_decisions(path: Path) -> tuple[tuple[str, int, str], ...]:
+    """What the grid's driver decided when it ran, claim by claim: (claim, n, decision) at its first
+    decision other than continue (else the last it logged), from the stages of ``stages.json`` or the
+    tables of ``seeds_auto.log`` (the log beside a record written once from it); empty when none is kept."""
+    if not path.is_file():
+        return ()
+    found: list[tuple[str, int, str]] = []
+    if path.name == STAGES:
+        for stage in json.loads(path.read_text()).get("stages", []):
+            found += [(str(v["claim"]), int(v["n"]), str(v["verdict"])) for v in stage.get("verdicts", [])]
+        if not found:
+            return logged_decisions(path.parent / LOG)
+    else:
+        found = [(m.group(1), int(m.group(2)), m.group(3)) for m in _LOGGED.finditer(path.read_text())]
+    decided: dict[str, tuple[int, str]] = {}
+    for claim, n, verdict in found:
+        if claim not in decided or decided[claim][1] == "continue":
+            decided[claim] = (n, verdict)
+    return tuple((claim, n, verdict) for claim, (n, verdict) in decided.items())

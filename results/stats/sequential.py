@@ -231,9 +231,29 @@ def decide_paths(
     """Each path's outcome (paths x n_max differences): +1 / -1 rejected with that sign, 0 not.
     ``two_sided_futility``: the rule before issue 37 (futile when the two-sided 1 - share interval
     excludes the effect on either side), kept only for benchmarks/sequential_design.py to compare."""
+    return path_outcomes(design, diffs, effect, two_sided_futility)[0]
+
+
+def futile_stop_chance(
+    design: Design, truth: float, sd: float, paper_effect: float, paths: int = 200_000, seed: int = 2
+) -> float:
+    """P(the design stops a claim for futility) when its true mean difference is ``truth`` with
+    per-seed SD ``sd``, futility judged against ``paper_effect`` (simulated, seeded). At ``truth`` =
+    ``paper_effect`` it is how often a futility stop happens although the paper's effect is real: the
+    futility bound is a one-look bound, so this is about ``share`` per interim look, not 0."""
+    diffs = np.random.default_rng(seed).normal(truth, sd, size=(paths, design.n_max))
+    return float(np.mean(path_outcomes(design, diffs, paper_effect)[1]))
+
+
+def path_outcomes(
+    design: Design, diffs: np.ndarray, effect: float | None = None, two_sided_futility: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(outcome, futile) per path: the sign a path was rejected with (0: not), and whether it stopped
+    for futility at an interim look (efficacy is looked at first at each look, as :meth:`Design.decide`)."""
     statistics, means, sds = running_t(diffs, design.looks)
     bounds = np.asarray(design.boundaries)
     outcome = np.zeros(diffs.shape[0], dtype=int)
+    stopped_futile = np.zeros(diffs.shape[0], dtype=bool)
     open_ = np.ones(diffs.shape[0], dtype=bool)
     for k, n in enumerate(design.looks):
         crossed = open_ & (np.abs(statistics[:, k]) > bounds[k])
@@ -246,8 +266,9 @@ def decide_paths(
             else:
                 half = student_t.ppf(1.0 - design.share, n - 1) * sds[:, k] / math.sqrt(n)
                 futile = (means[:, k] - half > effect) if effect < 0 else (means[:, k] + half < effect)
+            stopped_futile |= open_ & futile
             open_ &= ~futile
-    return outcome
+    return outcome, stopped_futile
 
 
 def naive_paths(diffs: np.ndarray, looks: Sequence[int], alpha: float) -> np.ndarray:

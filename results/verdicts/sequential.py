@@ -5,8 +5,11 @@ the group-sequential design of results/stats/sequential.py. Its report must say 
 decided, not what a fixed-sample test run afterwards on data whose size the design chose would say
 (that test's error rate is not the one its header promises). :func:`apply_design` replaces the
 verdict of each primary pairwise evaluation the design covers by the design's decision at the look
-where it stopped (*holds* / *contradicted* / *stopped for futility* / *undecided at the cap*), with
-the stage, n and the repeated confidence interval; the fixed-n verdict stays beside it as a labelled
+where it stopped (*holds* / *contradicted* / *stopped: unlikely to reach the paper's effect* /
+*undecided at the cap*), with the stage, n and the repeated confidence interval (RCI), the interval of
+record: "the paper's effect ruled out" is said only where the RCI excludes it. A futility stop is a
+one-look bound (it is not the RCI), so its line gives how often the design stops so when the paper's
+effect is true (simulated at the claim's own SD). The fixed-n verdict stays beside it as a labelled
 secondary view (``Evaluation.fixed_verdict``).
 
 The design is read from the grid's ``seeds_auto.log`` (the ``mesh-sweep ... seeds=auto`` output
@@ -26,24 +29,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from results.stats.sequential import CONTINUE, FUTILE, INCONCLUSIVE, REJECT, Design
-from results.verdicts.claims import CONTRADICTED, HOLDS, Evaluation
+from results.stats.sequential import CONTINUE, FUTILE, INCONCLUSIVE, REJECT, Design, futile_stop_chance
+from results.verdicts.claims import CONTRADICTED, HOLDS, RULED_OUT, Evaluation
 from sweeps.grid import AutoSeeds
 
 LOG = "seeds_auto.log"  # the seeds=auto output kept beside a report (results.runs.stages reads it)
-FUTILITY_STOP = "stopped for futility"
+FUTILITY_STOP = "stopped: unlikely to reach the paper's effect"
 
 
 UNDECIDED = "undecided at the cap"
 
 
-RUNNING = "undecided, still running"
+RUNNING = "undecided so far (the design would add seeds)"
 
 
 CONFIRMATORY_ROLE, REPLICATION_ROLE, SECOND_READING_ROLE = "confirmatory", "replication", "second reading"
 
 
 Arm = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Look:
+    """One primary comparison at one look its runs reach."""
+
+    n: int
+    mean: float
+    statistic: float | None
+    bound: float
+    decision: str
 
 
 @dataclass
@@ -62,6 +76,11 @@ class Verdict:
     stage: int = 0
     rci_low: float = -math.inf
     rci_high: float = math.inf
+    effect: float | None = None  # the paper's effect the claim is judged against (log scale for a PPL)
+    futile_chance: float | None = None  # a futility stop: P(stopping so | the paper's effect is true)
+    later: tuple[int, float, float] | None = None  # (n, RCI) at the last look the runs reach past the stop
+    looks: list[Look] = field(default_factory=list)  # every look the runs reach, each decided alone
+    as_run: Verdict | None = None  # the decision under the split the grids ran with, where it differs
 
     @property
     def word(self) -> str:
@@ -73,9 +92,44 @@ class Verdict:
         return f"RCI [{self.rci_low:+.4f}, {self.rci_high:+.4f}]" if math.isfinite(self.rci_low) else "RCI (-inf, +inf)"
 
     @property
+    def rci_reading(self) -> str:
+        """What the interval of record excludes: "the paper's effect ruled out" only where it does."""
+        return rci_reading(self.rci_low, self.rci_high, self.effect)
+
+    @property
     def text(self) -> str:
-        """``stopped for futility at stage 2 (n=6), RCI [-0.1270, +0.1850]``."""
-        return f"{self.word} at stage {self.stage} (n={self.n}), {self.rci_text}"
+        """``stopped: unlikely to reach the paper's effect at stage 2 (n=6), RCI [-0.1270, +0.1850]: excludes
+        neither the paper's -0.036 nor 0; a stop so when the paper's effect is true: 3.0% (simulated)``."""
+        text = f"{self.word} at stage {self.stage} (n={self.n}), {self.rci_text}"
+        if self.effect is not None:
+            text += f": {self.rci_reading}"
+        if self.futile_chance is not None:
+            text += f"; a stop so when the paper's effect is true: {100 * self.futile_chance:.1f}% (simulated)"
+        if self.later is not None:  # the RCIs cover together at every look, so a later one is as valid
+            n, low, high = self.later
+            text += (
+                f"; at n={n}, the last look its runs reach, RCI [{low:+.4f}, {high:+.4f}]: "
+                f"{rci_reading(low, high, self.effect)}"
+            )
+        return text
+
+
+def rci_reading(low: float, high: float, effect: float | None) -> str:
+    """Which of 0 and the paper's ``effect`` the interval [low, high] excludes, in words; "ruled out"
+    only where the whole interval lies on 0's side of the paper's effect."""
+    out_zero = not low <= 0.0 <= high
+    if effect is None:
+        return "excludes 0" if out_zero else "includes 0"
+    paper = f"the paper's {effect:+.3g}"
+    ruled_out = low > effect if effect < 0 else high < effect
+    beyond = high < effect if effect < 0 else low > effect  # an effect larger than the paper's
+    if ruled_out:
+        return f"excludes {paper}" + (" and 0" if out_zero else ", not 0") + ": the paper's effect ruled out"
+    if beyond:
+        return f"excludes 0 and {paper}: an effect larger than the paper's"
+    if out_zero:
+        return f"excludes 0, not {paper}"
+    return f"excludes neither {paper} nor 0"
 
 
 @dataclass(frozen=True)
@@ -85,10 +139,36 @@ class DesignRecord:
     auto: AutoSeeds
     claims: tuple[str, ...]
     log: Path
+    family: int | None = None  # comparisons alpha is split over, where a report decides a claim per arm
+    ran_family: int | None = None  # the split the grids ran with, where the record re-decides under another
+    note: str = ""
+    logged: tuple[tuple[str, int, str], ...] = ()  # (claim, n, decision) the grid's driver took when it ran
 
     @property
     def design(self) -> Design:
-        return design_of(self.auto, len(self.claims))
+        return design_of(self.auto, self.family or len(self.claims))
+
+    @property
+    def design_as_run(self) -> Design | None:
+        """The design its grids ran with, where the record re-decides their runs under another split."""
+        return design_of(self.auto, self.ran_family) if self.ran_family else None
+
+
+def looks_of(design: Design, evaluation: Evaluation) -> list[Look]:
+    """The comparison at every look its runs reach, each decided alone (the design stops at the first
+    decision other than continue: :func:`verdict_at`)."""
+    pairs = paired_diffs(evaluation)
+    looks = []
+    for k, size in enumerate(design.looks):
+        if len(pairs) < size:
+            break
+        diffs = [d for _, d in pairs[:size]]
+        mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+        statistic = mean / (sd / math.sqrt(size)) if sd > 0 else None
+        looks.append(
+            Look(size, mean, statistic, design.boundaries[k], design.decide(diffs, evaluation.claim.paper_effect))
+        )
+    return looks
 
 
 def design_of(auto: AutoSeeds, claims: int) -> Design:
@@ -142,9 +222,16 @@ def verdict_at(design: Design, evaluation: Evaluation, arms: list[Arm] | None = 
             k + 1,
             low,
             high,
+            effect,
         )
+        if decision == FUTILE and effect is not None:
+            result.futile_chance = futile_stop_chance(design, effect, sd, effect)
         if decision != CONTINUE:
             break
+    reached = [size for size in design.looks if size <= len(pairs)]
+    if result.decision != CONTINUE and reached and reached[-1] > result.n:
+        low, high = design.rci([d for _, d in pairs[: reached[-1]]])
+        result.later = (reached[-1], low, high)
     result.verdict = _verdict(result, evaluation.claim.expect)
     return result
 
@@ -168,11 +255,22 @@ def apply_design(evaluations: Sequence[Evaluation], record: DesignRecord) -> lis
         verdict = verdict_at(design, e)
         if verdict.stage == 0:  # the runs reach no look
             continue
-        e.fixed_verdict = e.verdict_text + (f" ({e.reason})" if e.reason and e.reason not in e.verdict_text else "")
+        verdict.looks = looks_of(design, e)
+        if record.design_as_run is not None:
+            verdict.as_run = verdict_at(record.design_as_run, e)
+        e.fixed_verdict = _fixed_view(e)
         e.verdict, e.lean, e.reason = verdict.word, "", ""
         e.sequential = verdict
         decided.append(verdict)
     return decided
+
+
+def _fixed_view(e: Evaluation) -> str:
+    """The fixed-n verdict as a secondary view: a fixed-n bound past the paper's effect is not called
+    "ruled out" under a design whose interval of record is the RCI."""
+    if e.verdict == RULED_OUT:
+        return f"the paper's effect beyond the fixed-n bound ({e.reason})"
+    return e.verdict_text + (f" ({e.reason})" if e.reason and e.reason not in e.verdict_text else "")
 
 
 def apply_roles(evaluations: Sequence[Evaluation], declared: dict[str, Any] | None, folder_name: str) -> None:
