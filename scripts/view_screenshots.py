@@ -115,24 +115,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+ASSISTANT_CLOSE = '[data-component-id="mlflow.assistant.chat_panel.close"]'  # the panel's X (MLflow 3.x)
+
+
 def close_assistant(page) -> None:
-    """Close MLflow's assistant side panel, which covers a third of the page, when it is open: the
-    last button of the panel's header row."""
-    title = page.get_by_text("MLflow Assistant", exact=True)
-    if not title.count() or (box := title.first.bounding_box()) is None:
-        return
-    row = [
-        (b["x"], button)
-        for button in page.locator("button").all()
-        if (b := button.bounding_box())
-        and abs(b["y"] + b["height"] / 2 - box["y"] - box["height"] / 2) < 12
-        and b["x"] > box["x"]
-    ]
-    if row:
-        max(row, key=lambda found: found[0])[1].click()
-        page.wait_for_timeout(1000)
-    if title.count() and title.first.is_visible():  # the header's close icon is not a <button> in every build
-        page.mouse.click(WIDTH - 37, box["y"] + box["height"] / 2)  # its X, at the panel's top right
+    """Close MLflow's assistant side panel, which covers a third of the page, when it is open: its
+    close button, found by the component id MLflow gives it (its title is split over two elements,
+    so finding the panel by its text does not work)."""
+    close = page.locator(ASSISTANT_CLOSE)
+    if close.count() and close.first.is_visible():
+        close.first.click()
         page.wait_for_timeout(1000)
 
 
