@@ -25,6 +25,7 @@ from results.stats.sequential import (
     naive_paths,
     null_grids,
     path_outcomes,
+    running_t,
     shared_arm_cov,
     spent,
 )
@@ -265,3 +266,21 @@ def test_a_futility_stop_when_the_papers_effect_is_true_is_about_share_per_inter
     assert 0.025 < chance < 3 * design.share
     assert futile_stop_chance(design, 0.05, 0.06, EFFECT) > 0.5  # a wrong-way truth is stopped often
     assert futile_stop_chance(Design(stage=3, n_max=12, claims=4, futility=False), EFFECT, 0.06, EFFECT) == 0.0
+
+
+def test_the_bounds_spend_their_share_to_within_a_calibrations_own_noise():
+    """Issue 49: bounds calibrated on 400k paths spent 0.01267 per claim of a nominal 0.0125 (6M-path
+    check). Calibrated on 4M, the same check on 8M fresh paths (SE 0.00004) finds the share within
+    0.00015 (about 2 SEs of the calibration and the check together); the 400k bounds miss that by more."""
+    precise = Design(stage=3, n_max=12, alpha=0.05, claims=4)
+    coarse = Design(stage=3, n_max=12, alpha=0.05, claims=4, calibration_paths=400_000)
+    rng, chunk, chunks = np.random.default_rng(7), 500_000, 16
+    crossed = {"precise": 0, "coarse": 0}
+    for _ in range(chunks):
+        statistics = np.abs(running_t(rng.standard_normal((chunk, 12)), precise.looks)[0])
+        for name, design in (("precise", precise), ("coarse", coarse)):
+            crossed[name] += int((statistics > np.asarray(design.boundaries)).any(axis=1).sum())
+    rates = {name: count / (chunk * chunks) for name, count in crossed.items()}
+    assert abs(rates["precise"] - precise.share) < 0.00015
+    assert rates["coarse"] - coarse.share > 0.00015  # the test would have caught the 400k calibration
+    assert math.isinf(precise.boundaries[0])  # n = 3 spends fewer than MIN_CROSSINGS paths' worth

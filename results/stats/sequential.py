@@ -14,7 +14,11 @@ ch. 7 (alpha spending) and ch. 5 (the t statistic)):
 * the boundaries c_k for |T_k| (T_k = mean / (sd / √n_k), df n_k - 1) are calibrated by
   simulation: under the null, T_k does not depend on the SD, so ``paths`` seeded standard-normal
   paths give P(first |T_j| > c_j at look k) = a(t_k) - a(t_{k-1}) look by look. An increment
-  below one path's weight gives c_k = inf (no stop at that look; conservative);
+  worth fewer than :data:`MIN_CROSSINGS` paths gives c_k = inf (no stop at that look; conservative).
+  The decisions' bounds use :data:`CALIBRATION_PATHS` (4M): a calibration sample's noise moves the
+  error the bounds spend by about sqrt(share / paths), 0.00018 per claim at 400k (the 0.01267 a
+  6M-path check found for 0.0125), 0.00006 at 4M; searches over caps (``sequential_seeds_needed``)
+  use :data:`PLANNING_PATHS`, a plan's precision;
 * efficacy in both directions: |T_k| > c_k rejects, and the sign says *holds* (the paper's
   direction) or *contradicted* (against it);
 * futility, one-sided and non-binding (it can only lower the type-I error, and the bounds are
@@ -46,8 +50,11 @@ from scipy.stats import t as student_t
 from mesh_model import ConfigError
 from sweeps.grid import SPENDING, check_seed_stages
 
-CALIBRATION_PATHS = 400_000
+CALIBRATION_PATHS = 4_000_000
+PLANNING_PATHS = 400_000
 CALIBRATION_SEED = 20_260_101
+MIN_CROSSINGS = 10  # a look whose alpha increment is worth fewer calibration paths gets no bound (inf)
+_CHUNK = 250_000  # calibration paths drawn at a time (their |T| kept as float32: 16 bytes a path a look)
 # nats: SD of per-seed differences assumed when no finished runs say otherwise. At least the largest SD
 # of a primary claim's paired differences in the committed tiny grids (results/cpu-reproduction/*/runs.csv,
 # paired on common seeds: 0.0515, MeSH vs anchor in one-pass/schemes on 6 common seeds; tests/test_sequential.py checks it).
@@ -79,6 +86,7 @@ class Design:
     claims: int = 1
     spending: str = "obrien_fleming"
     futility: bool = True
+    calibration_paths: int = CALIBRATION_PATHS
 
     def __post_init__(self) -> None:
         check_seed_stages(self.stage, self.n_max, self.alpha)
@@ -100,7 +108,7 @@ class Design:
 
     @property
     def boundaries(self) -> list[float]:
-        return list(_boundaries(tuple(self.looks), self.share, self.spending))
+        return list(_boundaries(tuple(self.looks), self.share, self.spending, self.calibration_paths))
 
     def look_index(self, n: int) -> int:
         """The look a claim with ``n`` seeds per arm is at (the last one that many seeds reach)."""
@@ -162,7 +170,7 @@ def sequential_seeds_needed(
     stage = design.stage
 
     def reaches(cap: int) -> bool:
-        trial = Design(stage, cap, design.alpha, design.claims, design.spending, design.futility)
+        trial = Design(stage, cap, design.alpha, design.claims, design.spending, design.futility, PLANNING_PATHS)
         return trial.power(effect, sd, paths=paths) >= target
 
     low = max(2 * stage, -(-fixed_n // stage) * stage)
@@ -202,24 +210,41 @@ def running_t(diffs: np.ndarray, looks: Sequence[int]) -> tuple[np.ndarray, np.n
 
 
 @lru_cache(maxsize=64)
-def _boundaries(looks: tuple[int, ...], share: float, spending: str) -> tuple[float, ...]:
-    rng = np.random.default_rng(CALIBRATION_SEED)
-    paths = rng.standard_normal((CALIBRATION_PATHS, looks[-1]))
-    statistics = np.abs(running_t(paths, looks)[0])
-    alive = np.ones(CALIBRATION_PATHS, dtype=bool)
+def _boundaries(
+    looks: tuple[int, ...], share: float, spending: str, paths: int = CALIBRATION_PATHS
+) -> tuple[float, ...]:
+    return calibrate(looks, share, spending, paths)
+
+
+def calibrate(
+    looks: Sequence[int], share: float, spending: str, paths: int, seed: int = CALIBRATION_SEED
+) -> tuple[float, ...]:
+    """The efficacy bounds c_k that spend ``share`` over ``looks`` by ``spending``, from ``paths``
+    seeded standard-normal paths (drawn in chunks; each look's bound is the |T| the increment's
+    number of surviving paths exceed, midway to the next)."""
+    looks = list(looks)
+    rng = np.random.default_rng(seed)
+    statistics = np.empty((paths, len(looks)), dtype=np.float32)
+    for start in range(0, paths, _CHUNK):
+        size = min(_CHUNK, paths - start)
+        statistics[start : start + size] = np.abs(running_t(rng.standard_normal((size, looks[-1])), looks)[0])
+    alive = np.ones(paths, dtype=bool)
     bounds = []
     for k, n in enumerate(looks):
         increment = spent(n / looks[-1], share, spending) - (
             spent(looks[k - 1] / looks[-1], share, spending) if k else 0
         )
-        crossings = int(math.floor(increment * CALIBRATION_PATHS))
-        if crossings < 1:
+        crossings = int(math.floor(increment * paths))
+        if crossings < MIN_CROSSINGS:
             bounds.append(math.inf)
             continue
-        survivors = np.sort(statistics[alive, k])[::-1]
-        bound = float(survivors[crossings - 1]) if crossings <= survivors.size else 0.0
-        if crossings < survivors.size:  # midway to the next value: P(|T| > bound) is the increment
-            bound = 0.5 * (bound + float(survivors[crossings]))
+        survivors = statistics[alive, k]
+        if crossings >= survivors.size:
+            bounds.append(0.0)
+            alive &= False
+            continue
+        top = np.sort(np.partition(survivors, survivors.size - crossings - 1)[survivors.size - crossings - 1 :])[::-1]
+        bound = 0.5 * (float(top[crossings - 1]) + float(top[crossings]))  # P(|T| > bound) is the increment
         bounds.append(bound)
         alive &= statistics[:, k] <= bound
     return tuple(bounds)
