@@ -49,3 +49,15 @@ def sweep_description(name: str) -> str:
         if "@package" not in line:
             lines.append(line.lstrip("# ").strip())
     return " ".join(lines)
+
+
+def swept_keys(name: str) -> set[str]:
+    """The keys the file itself sweeps (``hydra.sweeper.params``): ``seed`` where a pre-registered
+    study declares its seeds, not where a command line adds them."""
+    from importlib import resources
+
+    import yaml
+
+    text = resources.files(CONFIG_MODULE).joinpath(GROUP, f"{name}.yaml").read_text()
+    document = yaml.safe_load(text) or {}
+    return set(((document.get("hydra") or {}).get("sweeper") or {}).get("params") or {})

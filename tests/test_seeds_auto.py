@@ -51,6 +51,23 @@ def test_bad_seeds_auto_requests_are_refused_in_one_line_before_compute(argument
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "schemes").exists()
 
 
+@pytest.mark.parametrize("point", [["model=tiny", "max_steps=5700"], ["model=mini", "max_steps=2500"]])
+def test_a_study_whose_file_declares_its_seeds_plans_its_budget_not_power(point, tmp_path, capsys):
+    """size_tokens (issue 49 part 4) declares its seeds and rule: --plan prints each point's CPU-hours
+    first and plans no power; the mini point costs more than the tiny one at 2.3x the tokens."""
+    hours = []
+    for arguments in (point, ["model=tiny", "max_steps=2500"]):
+        assert main(["size_tokens", *arguments, "--plan", f"runs_dir={tmp_path}"]) == 0
+        first, second = capsys.readouterr().out.splitlines()[:2]
+        assert (
+            first.startswith("size_tokens: 15 cells (5 configs x 3 seeds); estimate: ") and "CPU-h (FLOP model" in first
+        )
+        assert second.startswith("size_tokens --plan: its seeds and decision rule are declared in its sweep file")
+        hours.append(float(first.split("estimate: ")[1].split(" CPU-h")[0]))
+    assert hours[0] > 2 * hours[1]  # 5700 tiny steps, or mini's 8x FLOPs per token, against 2500 tiny steps
+    assert not (tmp_path / "mlflow.db").exists()  # planned, nothing ran
+
+
 def test_plan_without_runs_uses_the_prior_sd_and_the_flop_model(tmp_path, capsys):
     assert main(["schemes", "--plan", *CELL, f"runs_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out

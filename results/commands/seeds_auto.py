@@ -44,6 +44,7 @@ from results.verdicts.claims import FRAGILE_N, ClaimSet, Evaluation, canonical_s
 from results.verdicts.engine import evaluate
 from results.verdicts.schema import load_claims
 from results.verdicts.sequential import Verdict, paired_diffs, verdict_at
+from sweeps.catalogue import swept_keys
 from sweeps.cells import Cell
 from sweeps.grid import AutoSeeds, grid_cells, grid_key, read_request, split_auto_seeds, sweep_dir_for
 from sweeps.launch.config import LaunchConfig
@@ -413,9 +414,10 @@ def print_plan(name: str, arguments: Sequence[str], out: TextIO = sys.stdout, **
     auto, rest = split_auto_seeds(arguments)
     rest = [a for a in rest if not a.startswith("seeds=")]
     arms_cells, arm_plans, launch = grid_arms(name, rest)
-    if any(plan.train.depth_eval.enabled for plan in arm_plans):  # a study: its budget first
+    declared = "seed" in swept_keys(name)  # a study whose file declares its seeds (and its rule)
+    if declared or any(plan.train.depth_eval.enabled for plan in arm_plans):  # a study: its budget first
         print_study_budget(name, arguments, out)
-        if any(word.startswith("seed=") for cell in arms_cells for word in cell.label.split()):
+        if declared:
             print(
                 f"{name} --plan: its seeds and decision rule are declared in its sweep file (descriptive at a "
                 "fixed n); no claim's power to plan",
@@ -485,6 +487,8 @@ def print_study_budget(name: str, arguments: Sequence[str], out: TextIO) -> None
             file=out,
         )
     loops = plans[0].train.depth_eval
+    if not loops.enabled:
+        return
     print(
         f"  then each cell's depth_eval (loops {loops.loops}, exit {loops.exit} up to {loops.exit_loops or 'K'} loops) "
         "on its validation windows: forward passes only, not in the FLOP model",

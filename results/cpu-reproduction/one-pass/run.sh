@@ -26,9 +26,15 @@
 #            K under the cycle rule; every cell evaluated at K' = 1..8 and under exit as it ends. Its
 #            runs live in $DEPTH_RUNS (runs/depth); `depth-report` adds them to depth/ (mesh-results
 #            --add: a study run in parts, docs/depth.md).
+#   size-tokens  MeSH vs anchor and base at more tokens (tiny, the whole docs split) and at a larger size
+#            (mini, 5.1M tokens): sweeps/conf/sweep/size_tokens.yaml (arms, seeds 300-302 and the rule,
+#            declared before it ran); its runs live in $SIZE_RUNS (runs/size_tokens), one grid a point;
+#            size-tokens-plan prints each point's budget.
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
 DEPTH_RUNS="${DEPTH_RUNS:-runs/depth}"
+SIZE_RUNS="${SIZE_RUNS:-runs/size_tokens}"
+SIZE_POINTS=("model=tiny max_steps=5700" "model=mini max_steps=2500")  # the declared points: tokens, size
 OUT=results/cpu-reproduction/one-pass
 COMMON=(model=tiny data=docs "runs_dir=$RUNS")
 FULL=(max_steps=2500 val_every=125 checkpoint_every=250)
@@ -146,6 +152,19 @@ for stage in "${STAGES[@]}"; do
       echo "+ mesh-results depth --out $OUT/depth" >&2
       .venv/bin/mesh-results depth --runs-dir "$DEPTH_RUNS" --out "$OUT/depth" --add || echo "run.sh: no depth report (has its stage run?)" >&2
       ;;
+    size-tokens)
+      for point in "${SIZE_POINTS[@]}"; do
+        echo "+ mesh-sweep size_tokens $point" >&2
+        # shellcheck disable=SC2086
+        .venv/bin/mesh-sweep size_tokens $point "runs_dir=$SIZE_RUNS" || echo "run.sh: mesh-sweep size_tokens $point exited $?" >&2
+      done
+      ;;
+    size-tokens-plan)
+      for point in "${SIZE_POINTS[@]}"; do
+        # shellcheck disable=SC2086
+        .venv/bin/mesh-sweep size_tokens $point "runs_dir=$SIZE_RUNS" --plan
+      done
+      ;;
     plan)
       # shellcheck disable=SC2046
       .venv/bin/mesh-sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh "${FULL[@]}" $(lr_args) \
@@ -163,7 +182,7 @@ for stage in "${STAGES[@]}"; do
         && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, size-tokens, size-tokens-plan, plan or report" >&2
       exit 2
       ;;
   esac
