@@ -42,6 +42,7 @@ from results.rows.routing import FILE as FILE_ROUTING
 from results.rows.spec import ReportSpec
 from results.runs import store
 from results.runs.committed import (
+    DERIVED,
     probe_report_files,
     read_curves_csv,
     read_depth_csvs,
@@ -195,8 +196,15 @@ def merged(kept: RunData, new: RunData) -> RunData:
         rest = old[~old["run_id"].astype(str).isin(replaced)] if "run_id" in old.columns else old
         return rest if recent is None else pd.concat([rest, recent], ignore_index=True)
 
+    frame = join(kept.frame, new.frame)
+    assert frame is not None  # both sides hold runs
+    # the columns every run's table recomputes last, as a folder read back places them (read_runs_csv):
+    # a store's run with columns the kept runs lack would otherwise put them after these, and the
+    # merged report would not rebuild to the same bytes
+    derived = [c for c in DERIVED if c in frame.columns]
+    frame = frame[[c for c in frame.columns if c not in derived] + derived]
     return RunData(
-        join(kept.frame, new.frame),
+        frame,
         join(kept.curves, new.curves),
         join(kept.routing, new.routing),
         join(kept.train_loss, new.train_loss),

@@ -226,3 +226,29 @@ def test_a_grid_reported_in_parts_with_add_is_the_grid_reported_whole(depth_grid
         build_report("depth", ["depth"], uri, fixed, filter_string="params.`loops.distribution` = 'uniform'",
                      publish_to_parents=False, add=True)  # fmt: skip
     assert _files(fixed) == before
+
+
+def test_runs_added_with_columns_the_folder_lacks_keep_the_derived_columns_last():
+    """A part whose runs log columns the folder's runs lack (MeSH's routers up to a sampled cap) is
+    joined with the derived columns (main_set, val_ppl) last, where reading the folder back puts them:
+    otherwise the merged runs.csv would not rebuild to the same bytes."""
+    import pandas as pd
+
+    from results.pipeline import RunData, merged
+    from results.runs.committed import DERIVED
+
+    kept = pd.DataFrame({"run_id": ["a"], "config_hash": ["h1"], "x": [1.0], "main_set": ["docs"], "val_ppl": [50.0]})
+    new = pd.DataFrame(
+        {
+            "run_id": ["b"],
+            "config_hash": ["h2"],
+            "x": [2.0],
+            "main_set": ["docs"],
+            "val_ppl": [60.0],
+            "routing/w5": [0.1],
+        }
+    )
+    frame = merged(RunData(kept), RunData(new)).frame
+    assert list(frame["run_id"]) == ["a", "b"]
+    assert list(frame.columns)[-2:] == [c for c in DERIVED if c in frame.columns] == ["main_set", "val_ppl"]
+    assert "routing/w5" in frame.columns
