@@ -302,7 +302,9 @@ def _stability_markdown(arms: list[DepthArm]) -> list[str]:
         if id(arm.row) in seen:  # the rules of one row share its runs' monitor
             continue
         seen.add(id(arm.row))
-        label = ", ".join(arm.label.split(", ")[:2])
+        # a row trained at fixed K is one monitor under either rule; an arm trained at sampled K trained
+        # with its rule, which names it
+        label = arm.label if arm.sampled and arm.rule else ", ".join(arm.label.split(", ")[:2])
         lines.append(f"| {label} | " + " | ".join(_with_infinite(arm.stability.get(k, [])) for k in present) + " |")
     return lines
 
