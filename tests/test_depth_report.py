@@ -139,6 +139,14 @@ def test_the_depth_report_says_what_the_runs_csvs_say_and_rebuilds_to_the_same_b
     assert "K' = K equals each run's final validation loss (relative difference under 1e-6 in all 6)" in text
     exits = pd.read_csv(out / "exit_points.csv")
     assert set(exits["loops_per_token"]) == {2.0, 4.0, 6.0} and set(exits["criterion"]) == {"state", "output"}
+    # the stability monitor: a fixed-K row once (both rules share its runs), a sampled arm by its rule
+    monitor = (out / "depth.md").read_text().split("**Stability of the loop map**")[1]
+    rows = [
+        line.split(" | ")[0].lstrip("| ")
+        for line in monitor.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert rows[1:] == ["base, fixed K = 2", "mesh, fixed K = 2", "mesh, sampled K, rule cycle"]
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     rebuild_report(out)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept

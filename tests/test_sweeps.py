@@ -62,6 +62,10 @@ EXPECTED_GRIDS = {
         "loops": ["fixed", "poisson_lognormal"],
         "seed": ["200", "201", "202"],
     },
+    "size_tokens": {
+        "arm": ["base", "anchor", "anchor_emb", "mesh", "mesh_residual_read"],
+        "seed": ["300", "301", "302"],
+    },
     "mesh_open_choices": {
         "arm": [
             "mesh",
