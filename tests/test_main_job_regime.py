@@ -89,7 +89,7 @@ def test_a_grid_where_mesh_leads_then_falls_back(tmp_path):
     assert line.startswith(
         "The decided result is another regime's, not these runs': the one-pass reproduction "
         "(results/cpu-reproduction/one-pass: docs corpus, 3.0k tokens per run, 2 seeds per scheme, each scheme at its own LR), "
-        "where MeSH ended rank 3 of 3 (final PPL +7.8% vs base, +37.5% vs anchor)"
+        "where MeSH ended rank 3 of 3 (its mean final PPL +7.8% vs base, +37.5% vs anchor, a ratio of means; "
     )
     assert "lowest mean PPL there until 1.0k tokens and beat base until 2.0k" in line
     assert "early phase" not in line and "These" not in line

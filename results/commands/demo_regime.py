@@ -108,7 +108,7 @@ class LaterTraining:
             f"The decided result is another regime's, not these runs': the one-pass reproduction "
             f"({ONE_PASS_CITED}: {CORPUS} corpus, {_tokens(self.tokens)} tokens per run, {seeds} seeds per scheme, "
             f"each scheme at its own LR), where MeSH ended rank {self.mesh_rank_at_end} of {len(self.final_ppl)} "
-            f"(final PPL {against}); {led} (curves on the {self.common_seeds} seeds every scheme ran). "
+            f"(its mean final PPL {against}, a ratio of means; the paired tests are in its claims.md); {led} (curves on the {self.common_seeds} seeds every scheme ran). "
             f"Its verdicts: {ONE_PASS_CITED}/schemes/claims.md.",
         ]
 
