@@ -123,6 +123,7 @@ class AutoSeeds:
     budget_cpu_h: float | None = None
     budget_gpu_h: float | None = None
     first: int = 0  # the first seed: stages run first..first+max-1 (a confirmation grid on fresh seeds)
+    every_arm: bool = False  # every arm runs every stage while a claim is open (the rows stay on the same seeds)
 
     def __post_init__(self) -> None:
         check_seed_stages(self.stage, self.max, self.alpha)
@@ -151,6 +152,7 @@ AUTO_KEYS: dict[str, Callable[[str], Any]] = {
     "budget_cpu_h": float,
     "budget_gpu_h": float,
     "first": int,
+    "every_arm": _flag,
 }
 
 
@@ -173,7 +175,7 @@ def split_auto_seeds(arguments: Sequence[str]) -> tuple[AutoSeeds | None, list[s
         try:
             given[name] = AUTO_KEYS[name](value)
         except ValueError:
-            kind = "true or false" if name == "futility" else f"a {AUTO_KEYS[name].__name__}"
+            kind = "true or false" if AUTO_KEYS[name] is _flag else f"a {AUTO_KEYS[name].__name__}"
             raise ConfigError(key, value, kind) from None
     if given and not auto:
         name = next(iter(given))

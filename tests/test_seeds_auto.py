@@ -40,6 +40,7 @@ CELL = [
         (["seeds=auto", "seeds.stag=2"], "did you mean 'stage'?"),
         (["seeds=auto", "seeds.first=-1"], "seeds.first=-1 is invalid: an integer >= 0"),
         (["seeds=auto", "seeds.first=x"], "seeds.first='x' is invalid: a int"),
+        (["seeds=auto", "seeds.every_arm=yes"], "seeds.every_arm='yes' is invalid: true or false"),
         (["seeds=auto", "--detach"], "--detach does not go with seeds=auto: each stage is decided before the next"),
         (["seeds=auto", "scheme=mesh"], "seeds=auto='schemes' is invalid: a grid whose arms test a primary claim"),
     ],
@@ -250,3 +251,30 @@ def test_seeds_needed_under_the_sequential_design_is_the_first_cap_its_simulated
     assert (fixed, cap) == ((22, 24) if effect < 0 else (6, 6))
     # a claim no cap up to 3x the design's reaches: said, not searched further
     assert sequential_seeds_needed(design, -0.023, 0.0515, seeds_needed(-0.023, 0.0515, design.share)) is None
+
+
+def test_every_arm_keeps_the_rows_whose_claims_are_decided_on_the_open_claims_seeds():
+    """seeds.every_arm=true (issue 49 part 3: anchor and anchor_emb on the same seeds as MeSH): while
+    any primary claim is open every arm runs the next stage; once none is, none does."""
+    from results.commands.seeds_auto import next_arms
+    from results.verdicts.sequential import Verdict
+    from sweeps.grid import split_auto_seeds
+
+    mesh, base, anchor = ("scheme=mesh",), ("scheme=base",), ("scheme=anchor",)
+
+    def verdict(claim: str, decision: str, arms: list) -> Verdict:
+        return Verdict(claim, "", 6, 0.0, None, 8.39, decision, decision, arms)
+
+    verdicts = [
+        verdict("mesh_below_base", "continue", [mesh, base]),
+        verdict("mesh_below_anchor", "futile", [mesh, anchor]),
+    ]
+    assert next_arms(verdicts, [mesh, base, anchor]) == {mesh, base}  # the default: the open claims' arms
+    assert next_arms(verdicts, [mesh, base, anchor], every_arm=True) == {mesh, base, anchor}
+    decided = [
+        verdict("mesh_below_base", "futile", [mesh, base]),
+        verdict("mesh_below_anchor", "futile", [mesh, anchor]),
+    ]
+    assert next_arms(decided, [mesh, base, anchor], every_arm=True) == set()
+    auto, rest = split_auto_seeds(["seeds=auto", "seeds.every_arm=true", "scheme=mesh"])
+    assert auto is not None and auto.every_arm and rest == ["scheme=mesh"]

@@ -216,7 +216,7 @@ def run_auto(
         stage_plans = [with_seed(p, s) for arm, p in zip(arms, arm_plans, strict=True) for s in seeds if arm in chosen]
         seconds = run_seconds(hashes, stage_plans)
         spent_h += _hours(sum(seconds.get(a, 0.0) for a in chosen) * len(seeds), launch)
-        needed = {a for v in verdicts if v.decision == CONTINUE for a in v.arms}
+        needed = next_arms(verdicts, arms, auto.every_arm)
         record = {"stage": k + 1, "seeds": seeds, "arms": len(chosen), "verdicts": [asdict(v) for v in verdicts],
                   "spent_h": spent_h}  # fmt: skip
         stages.append(record)
@@ -262,6 +262,14 @@ def cores_per_cell(launch) -> int:
 def _hours(seconds: float, launch) -> float:
     """CPU core-hours of ``seconds`` of cells' wall time."""
     return seconds * cores_per_cell(launch) / 3600.0
+
+
+def next_arms(verdicts: Sequence[Verdict], arms: Sequence[Arm], every_arm: bool = False) -> set[Arm]:
+    """The arms the next stage runs: those of the claims still open; with ``seeds.every_arm=true``
+    every arm while any claim is open, so that rows whose claims are decided stay on the seeds of the
+    others (a comparison between them is then paired on every seed, not on the first stages')."""
+    open_arms = {a for v in verdicts if v.decision == CONTINUE for a in v.arms}
+    return set(arms) if every_arm and open_arms else open_arms
 
 
 def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, out) -> str:
