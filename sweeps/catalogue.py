@@ -37,11 +37,15 @@ def sweep_names() -> list[str]:
     return group_options(GROUP, CONFIG_MODULE)
 
 
-def sweep_description(name: str) -> str:
-    """The file's leading comment, after the package line, as one line."""
+def _sweep_text(name: str) -> str:
     from importlib import resources
 
-    text = resources.files(CONFIG_MODULE).joinpath(GROUP, f"{name}.yaml").read_text()
+    return resources.files(CONFIG_MODULE).joinpath(GROUP, f"{name}.yaml").read_text()
+
+
+def sweep_description(name: str) -> str:
+    """The file's leading comment, after the package line, as one line."""
+    text = _sweep_text(name)
     lines = []
     for line in text.splitlines():
         if not line.startswith("#"):
@@ -54,10 +58,7 @@ def sweep_description(name: str) -> str:
 def swept_keys(name: str) -> set[str]:
     """The keys the file itself sweeps (``hydra.sweeper.params``): ``seed`` where a pre-registered
     study declares its seeds, not where a command line adds them."""
-    from importlib import resources
-
     import yaml
 
-    text = resources.files(CONFIG_MODULE).joinpath(GROUP, f"{name}.yaml").read_text()
-    document = yaml.safe_load(text) or {}
+    document = yaml.safe_load(_sweep_text(name)) or {}
     return set(((document.get("hydra") or {}).get("sweeper") or {}).get("params") or {})

@@ -88,7 +88,7 @@ def rule_lines(record: DesignRecord, evaluations: Sequence[Evaluation]) -> list[
     differ = []
     for e in decided:
         v = e.sequential
-        if e.claim.id in logged and logged[e.claim.id] != (v.n, v.decision if v.decision != "reject" else v.verdict):
+        if e.claim.id in logged and logged[e.claim.id] != (v.n, v.verdict):  # the driver logs v.verdict
             n, word = logged[e.claim.id]
             differ.append(f"{_name(e)}: the driver logged *{word}* at n = {n}; here *{v.word}* at n = {v.n}")
     if logged and differ:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -56,7 +57,7 @@ def read_stages(folder: str | Path) -> DesignRecord | None:
             int(family) if family else None,
             int(ran) if ran else None,
             str(document.get("note", "")),
-            logged_decisions(path),
+            _recorded_decisions(document, path.parent),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise ResultsError(f"{path}: not a seeds=auto stages record ({type(error).__name__}: {error})") from None
@@ -110,18 +111,25 @@ _LOGGED = re.compile(r"^(\w+)\s+(\d+)\s+[+-]?[\d.]+\s+\S+\s+\S+\s+(\w+)\s+\(", r
 
 def logged_decisions(path: Path) -> tuple[tuple[str, int, str], ...]:
     """What the grid's driver decided when it ran, claim by claim: (claim, n, decision) at its first
-    decision other than continue (else the last it logged), from the stages of ``stages.json`` or the
-    tables of ``seeds_auto.log`` (the log beside a record written once from it); empty when none is kept."""
+    decision other than continue (else the last it logged), from the tables of ``seeds_auto.log``;
+    empty when no log is kept."""
     if not path.is_file():
         return ()
-    found: list[tuple[str, int, str]] = []
-    if path.name == STAGES:
-        for stage in json.loads(path.read_text()).get("stages", []):
-            found += [(str(v["claim"]), int(v["n"]), str(v["verdict"])) for v in stage.get("verdicts", [])]
-        if not found:
-            return logged_decisions(path.parent / LOG)
-    else:
-        found = [(m.group(1), int(m.group(2)), m.group(3)) for m in _LOGGED.finditer(path.read_text())]
+    return _first_decisions((m.group(1), int(m.group(2)), m.group(3)) for m in _LOGGED.finditer(path.read_text()))
+
+
+def _recorded_decisions(document: dict, folder: Path) -> tuple[tuple[str, int, str], ...]:
+    """:func:`logged_decisions` from a ``stages.json`` already read: its stages' verdicts, or the log
+    beside a record written once from it (whose stages are empty)."""
+    found = [
+        (str(v["claim"]), int(v["n"]), str(v["verdict"]))
+        for st in document.get("stages", [])
+        for v in st.get("verdicts", [])
+    ]
+    return _first_decisions(found) if found else logged_decisions(folder / LOG)
+
+
+def _first_decisions(found: Iterable[tuple[str, int, str]]) -> tuple[tuple[str, int, str], ...]:
     decided: dict[str, tuple[int, str]] = {}
     for claim, n, verdict in found:
         if claim not in decided or decided[claim][1] == "continue":

@@ -241,7 +241,7 @@ def calibrate(
         survivors = statistics[alive, k]
         if crossings >= survivors.size:
             bounds.append(0.0)
-            alive &= False
+            alive[:] = False
             continue
         top = np.sort(np.partition(survivors, survivors.size - crossings - 1)[survivors.size - crossings - 1 :])[::-1]
         bound = 0.5 * (float(top[crossings - 1]) + float(top[crossings]))  # P(|T| > bound) is the increment

@@ -192,46 +192,32 @@ def paired_diffs(evaluation: Evaluation) -> list[tuple[int, float]]:
     return pairs
 
 
-def verdict_at(design: Design, evaluation: Evaluation, arms: list[Arm] | None = None) -> Verdict:
+def verdict_at(
+    design: Design, evaluation: Evaluation, arms: list[Arm] | None = None, looks: list[Look] | None = None
+) -> Verdict:
     """The first decision other than ``continue`` over the looks the runs reach (or the last one),
-    with its stage and repeated confidence interval."""
+    with its stage and repeated confidence interval; ``looks``: :func:`looks_of` already computed."""
     pairs = paired_diffs(evaluation)
     claimed = evaluation.row.label if evaluation.row is not None else "?"
     label = f"{claimed} vs {evaluation.lines[0].other.label} ({evaluation.metric})"
     effect = evaluation.claim.paper_effect
     arms = arms or []
+    looks = looks_of(design, evaluation) if looks is None else looks
     result = Verdict(evaluation.claim.id, label, len(pairs), math.nan, None, math.inf, CONTINUE, CONTINUE, arms)
-    for k, size in enumerate(design.looks):
-        if len(pairs) < size:
-            break
-        diffs = [d for _, d in pairs[:size]]
-        mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-        decision = design.decide(diffs, effect)
-        statistic = mean / (sd / math.sqrt(size)) if sd > 0 else None
+    for k, look in enumerate(looks):
+        diffs = [d for _, d in pairs[: look.n]]
         low, high = design.rci(diffs)
         result = Verdict(
-            evaluation.claim.id,
-            label,
-            size,
-            mean,
-            statistic,
-            design.boundaries[k],
-            decision,
-            "",
-            arms,
-            k + 1,
-            low,
-            high,
-            effect,
-        )
-        if decision == FUTILE and effect is not None:
-            result.futile_chance = futile_stop_chance(design, effect, sd, effect)
-        if decision != CONTINUE:
+            evaluation.claim.id, label, look.n, look.mean, look.statistic, look.bound, look.decision, "", arms,
+            k + 1, low, high, effect,
+        )  # fmt: skip
+        if look.decision == FUTILE and effect is not None:
+            result.futile_chance = futile_stop_chance(design, effect, statistics.stdev(diffs), effect)
+        if look.decision != CONTINUE:
             break
-    reached = [size for size in design.looks if size <= len(pairs)]
-    if result.decision != CONTINUE and reached and reached[-1] > result.n:
-        low, high = design.rci([d for _, d in pairs[: reached[-1]]])
-        result.later = (reached[-1], low, high)
+    if result.decision != CONTINUE and looks and looks[-1].n > result.n:
+        low, high = design.rci([d for _, d in pairs[: looks[-1].n]])
+        result.later = (looks[-1].n, low, high)
     result.verdict = _verdict(result, evaluation.claim.expect)
     return result
 
@@ -252,10 +238,11 @@ def apply_design(evaluations: Sequence[Evaluation], record: DesignRecord) -> lis
             continue
         if record.claims and e.claim.id not in record.claims:
             continue
-        verdict = verdict_at(design, e)
+        looks = looks_of(design, e)
+        verdict = verdict_at(design, e, looks=looks)
         if verdict.stage == 0:  # the runs reach no look
             continue
-        verdict.looks = looks_of(design, e)
+        verdict.looks = looks
         if record.design_as_run is not None:
             verdict.as_run = verdict_at(record.design_as_run, e)
         e.fixed_verdict = _fixed_view(e)
