@@ -33,3 +33,17 @@ def test_differing_files_sees_a_changed_an_added_and_a_missing_file(tmp_path):
     (a / "only_a.csv").write_text("1\n")
     (b / "only_b.csv").write_text("1\n")
     assert differing_files(a, b) == ["only_a.csv", "only_b.csv", "figures/f.svg"]
+
+
+TRENDS = sorted(p.parent for p in ROOT.rglob("trend.json"))
+
+
+def test_every_committed_trend_is_what_its_report_folders_give():
+    # results.commands.trend: trend.md and trend.csv made again from the runs.csv they name (the
+    # size-and-tokens study, one-pass/size_tokens) are byte for byte as committed.
+    from results.commands.reports import REPO
+    from results.commands.trend import differing
+
+    assert TRENDS  # the size-and-tokens trend is committed
+    for folder in TRENDS:
+        assert differing(folder, REPO) == [], folder

@@ -7,7 +7,8 @@ was built from; :mod:`results.rows.spec`); the default root is ``results/cpu-rep
 recursively. Each is rebuilt in place by :func:`results.pipeline.rebuild_report`, the pipeline
 ``mesh-results`` runs on the store. ``--check`` rebuilds a copy of each instead and lists every
 file that differs from the folder's (exit 1 when any does): what the test of the committed reports
-runs.
+runs. After them, every folder holding a ``trend.json`` (:mod:`results.commands.trend`, made from
+report folders' runs.csv) is written again, or checked the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "cpu-reproduction"
+REPO = ROOT.parents[1]  # where a trend.json's folders are relative to
 
 
 def report_folders(roots: Iterable[Path]) -> list[Path]:
@@ -88,7 +90,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             said = f"error: {error}"
         print(f"[reports] {folder}: {said} ({time.perf_counter() - start:.1f}s)")
+    failed += _trends(args.folders or [ROOT], args.check)
     return 1 if failed else 0
+
+
+def _trends(roots: Iterable[Path], check: bool) -> int:
+    """Write again (or check) every trend folder under ``roots``; the number that failed."""
+    from results.commands import trend
+
+    failed = 0
+    for spec in sorted({p for root in roots for p in Path(root).rglob(trend.SPEC)}):
+        folder = spec.parent
+        try:
+            if check:
+                differ = trend.differing(folder, REPO)
+                said = "as committed" if not differ else f"{len(differ)} files differ: {', '.join(differ)}"
+            else:
+                trend.main([str(folder), "--base", str(REPO)])
+                differ, said = [], "rebuilt"
+        except (trend.TrendInputError, ValueError) as error:
+            differ, said = [str(error)], f"error: {error}"
+        failed += bool(differ)
+        print(f"[reports] {folder} (trend): {said}")
+    return failed
 
 
 if __name__ == "__main__":

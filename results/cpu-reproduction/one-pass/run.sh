@@ -31,7 +31,9 @@
 #   size-tokens  MeSH vs anchor and base at more tokens (tiny, the whole docs split) and at a larger size
 #            (mini, 5.1M tokens): sweeps/conf/sweep/size_tokens.yaml (arms, seeds 300-302 and the rule,
 #            declared before it ran); its runs live in $SIZE_RUNS (runs/size_tokens), one grid a point;
-#            size-tokens-plan prints each point's budget.
+#            size-tokens-plan prints each point's budget; size-tokens-report writes a report folder per
+#            point (size_tokens/tokens, size_tokens/size) and the trend against the schemes grid
+#            (size_tokens/trend.md, results.commands.trend), with the points that have run.
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
 DEPTH_RUNS="${DEPTH_RUNS:-runs/depth}"
@@ -181,6 +183,20 @@ for stage in "${STAGES[@]}"; do
         .venv/bin/mesh-sweep size_tokens $point "runs_dir=$SIZE_RUNS" || echo "run.sh: mesh-sweep size_tokens $point exited $?" >&2
       done
       ;;
+    size-tokens-report)
+      TREND=(--reference "tiny, 5.1M tokens=$OUT/schemes,$OUT/open_choices_confirm@optim.lr_by_scheme.mesh=0.004"
+             --point "replicate: tiny, 5.1M tokens, seeds 200-202=$OUT/depth@loops.distribution=fixed")
+      for point in "tiny tokens tiny, 11.7M tokens" "mini size mini, 5.1M tokens"; do
+        read -r preset folder name <<< "$point"
+        if .venv/bin/mesh-results size_tokens --runs-dir "$SIZE_RUNS" --filter "params.model = '$preset'" \
+             --out "$OUT/size_tokens/$folder"; then
+          TREND+=(--point "$name=$OUT/size_tokens/$folder")
+        else
+          echo "run.sh: no $preset point yet (has size-tokens run it?)" >&2
+        fi
+      done
+      .venv/bin/python -m results.commands.trend "$OUT/size_tokens" "${TREND[@]}"
+      ;;
     size-tokens-plan)
       for point in "${SIZE_POINTS[@]}"; do
         # shellcheck disable=SC2086
@@ -204,7 +220,7 @@ for stage in "${STAGES[@]}"; do
         && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, size-tokens, size-tokens-plan, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, size-tokens, size-tokens-plan, size-tokens-report, plan or report" >&2
       exit 2
       ;;
   esac
