@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -82,7 +83,7 @@ def _runs(base: Path, text: str, flag: str) -> pd.DataFrame:
     return frame
 
 
-def build(spec: dict, out: Path, base: Path) -> list[Path]:
+def build(spec: dict[str, Any], out: Path, base: Path) -> list[Path]:
     """Write the trend ``spec`` describes into ``out``; folders are relative to ``base``."""
     from results.render.trend import write_trend
     from results.rows.arms import arm_spec
@@ -91,7 +92,8 @@ def build(spec: dict, out: Path, base: Path) -> list[Path]:
     def point(name: str, folders: Sequence[str], flag: str) -> Point:
         return Point(name, tuple((f, _runs(base, f, flag)) for f in folders))
 
-    reference = point(*spec["reference"], "--reference")
+    name, folders = spec["reference"]
+    reference = point(name, folders, "--reference")
     points = [point(name, folders, "--point") for name, folders in spec["points"]]
     arms = {name: arm_spec(name) for pair in spec["comparisons"] for name in pair}
     comparisons = [(arms[a], arms[b]) for a, b in spec["comparisons"]]
@@ -122,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.reference or args.point:
             if not (args.reference and args.point):
                 raise TrendInputError("give --reference and at least one --point (or neither, to rebuild OUT)")
-            spec = {
+            spec: dict[str, Any] = {
                 "title": args.title,
                 "reference": _point_text(args.reference, "--reference"),
                 "points": [_point_text(p, "--point") for p in args.point],

@@ -108,10 +108,10 @@ def markdown(study: TrendStudy, title: str) -> str:
     for point in (study.reference, *study.points):
         folders = ", ".join(f"`{f}`" for f, _ in point.folders)
         out.append(f"- {point.name}: {folders}")
-    used = sorted({(g.point, g.first, g.second, g.folder) for g in study.gaps.values() if g.folder})
-    multi = [u for u in used if any(p.name == u[0] and len(p.folders) > 1 for p in (study.reference, *study.points))]
-    for point, first, second, folder in multi:
-        out.append(f"  - {first} - {second} at {point}: `{folder}`")
+        if len(point.folders) > 1:  # which folder each comparison took
+            for first, second in study.comparisons:
+                g = study.gaps[(point.name, first.name, second.name)]
+                out.append(f"  - {first.name} - {second.name}: " + (f"`{g.folder}`" if g.folder else "none"))
     return "\n".join(out) + "\n"
 
 

@@ -51,7 +51,8 @@ def arm_spec(name: str) -> ArmSpec:
     node = config.get("model_overrides")
     overrides = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     assert isinstance(overrides, dict)
-    return ArmSpec(name, str(config.scheme), frozenset(_flat(MODEL_OVERRIDES, overrides)))
+    flat = _flat(MODEL_OVERRIDES, {str(key): value for key, value in overrides.items()})
+    return ArmSpec(name, str(config.scheme), frozenset(flat))
 
 
 def _model_overrides(text: object) -> frozenset[str]:
