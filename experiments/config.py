@@ -206,6 +206,10 @@ class ProbeConfig:
     about 4x the probe's time at 128 (seconds on a CPU). Where training is longer (the paper's 4096)
     the probes take the training length. ``debiased`` is obsolete: both CKA estimators are always
     logged; setting it is an error.
+
+    ``figures`` false writes and logs each probe's numbers (``probes.json``, ``probes.csv``, the
+    metrics) without its figures (PNG and SVG: about 3 CPU-seconds a probe with matplotlib);
+    ``mesh-results`` draws a report's probe figures from the numbers either way.
     """
 
     enabled: bool = True
@@ -213,6 +217,7 @@ class ProbeConfig:
     stability: bool = True  # the loop map's stability at every validation (experiments/callbacks/stability.py)
     num_batches: int = 2
     seq_len: int | None = None
+    figures: bool = True
     debiased: bool | None = None
     DEFAULT_MIN_SEQ_LEN: ClassVar[int] = 512
 

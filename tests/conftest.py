@@ -28,7 +28,9 @@ from omegaconf import DictConfig
 
 from experiments.compose import compose_config
 
-# A run small enough for a test: the tiny preset on short windows, validated and checkpointed often.
+# A run small enough for a test: the tiny preset on short windows, validated and checkpointed often;
+# its probes read 64-token samples (the default's 512 rows are for CKA that can be read) and log their
+# numbers without drawing figures (3 of a grid cell's 14 CPU-seconds; the tests of figures ask for them).
 TINY_RUN = (
     "model=tiny",
     "max_steps=30",
@@ -38,7 +40,10 @@ TINY_RUN = (
     "data.seq_len=64",
     "data.batch_size=8",
     "data.val_batches=2",
+    "probes.seq_len=64",
+    "probes.figures=false",
 )
+FULL_PROBES = ("probes.seq_len=null", "probes.figures=true")  # a run whose probes are the defaults
 # The cells of a test grid (sweeps, results, the main job) are smaller still, as a grid trains many:
 # 6 steps on 32-token windows, one validation batch.
 GRID_CELL = (
@@ -102,6 +107,36 @@ def _signal_handlers_left_as_found():
     )
 
 
+# What a run, a grid or a report may set in the process for its own time and must take back: a value
+# left behind sends the runs of the tests that come after it on the same worker somewhere else.
+WATCHED_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MESH_LOG_LEVEL")
+
+
+@pytest.fixture(autouse=True)
+def _environment_left_as_found():
+    """A test that leaves the working directory, MLflow's tracking URI (its variable or its module
+    state) or another watched variable changed fails, and they are put back: with xdist the order
+    of tests on a worker is not fixed, so a leak would fail some later test far from the cause."""
+    from mlflow.tracking._tracking_service import utils
+
+    folder, uri = Path.cwd(), utils._tracking_uri
+    before = {key: os.environ.get(key) for key in WATCHED_ENVIRONMENT}
+    yield
+    changed = [f"{k}={os.environ.get(k)!r} (was {v!r})" for k, v in before.items() if os.environ.get(k) != v]
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if utils._tracking_uri != uri:
+        changed.append(f"mlflow.set_tracking_uri({utils._tracking_uri!r}) (was {uri!r})")
+        mlflow.set_tracking_uri(uri)
+    if Path.cwd() != folder:
+        changed.append(f"cwd {Path.cwd()} (was {folder})")
+        os.chdir(folder)
+    assert not changed, f"the test left the process changed: {'; '.join(changed)}"
+
+
 @pytest.fixture(scope="session")
 def shared_once(tmp_path_factory) -> Callable[[str, Callable[[Path], None]], Path]:
     """``shared_once(name, build)``: a folder ``build(folder)`` filled once per test session, by the
@@ -158,7 +193,8 @@ class TinyRun:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, compose_run) -> TinyRun:
-    """A tiny MeSH run of 10 steps, validated at 5 and 10, probed at the end, in its own sqlite store.
+    """A tiny MeSH run of 10 steps, validated at 5 and 10, probed at the end with the probes' defaults
+    (512-token samples, figures drawn: what the probe tests read), in its own sqlite store.
 
     Tests that write into it (evaluation, mesh-probe --mlflow-run) add new keys or check what
     their own call added, so the order in which tests use it does not matter.
@@ -167,7 +203,8 @@ def tiny_run(tmp_path_factory, compose_run) -> TinyRun:
 
     steps = 10
     runs_dir = tmp_path_factory.mktemp("tiny_run")
-    result = train(compose_run(f"max_steps={steps}", "val_every=5", "scheme=mesh", f"runs_dir={runs_dir}"))
+    cfg = compose_run(*FULL_PROBES, f"max_steps={steps}", "val_every=5", "scheme=mesh", f"runs_dir={runs_dir}")
+    result = train(cfg)
     uri = f"sqlite:///{runs_dir / 'mlflow.db'}"
     return TinyRun(
         runs_dir=runs_dir,

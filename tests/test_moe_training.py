@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 import torch
+from conftest import FULL_PROBES
 
 from experiments.compose import compose_config
 from experiments.config import OptimConfig
@@ -104,6 +105,7 @@ def moe_run(tmp_path_factory, compose_run):
         "log_every=2",
         "checkpoint_every=3",
         "probes.num_batches=1",
+        *FULL_PROBES,
         f"runs_dir={runs_dir}",
     )
     result = train(cfg)

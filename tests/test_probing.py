@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 import torch
+from conftest import FULL_PROBES
 from helpers import run_tool
 
 from experiments.checkpoints import load_model
@@ -46,7 +47,12 @@ def runs(tmp_path_factory, compose_run, tiny_run):
     assert (tiny_run.steps, tiny_run.result["steps"]) == (10, 10)
     runs_dir = tmp_path_factory.mktemp("base")
     cfg = compose_run(
-        "max_steps=10", "val_every=5", "scheme=base", "probes.every_n_validations=1", f"runs_dir={runs_dir}"
+        *FULL_PROBES,
+        "max_steps=10",
+        "val_every=5",
+        "scheme=base",
+        "probes.every_n_validations=1",
+        f"runs_dir={runs_dir}",
     )
     result = train(cfg)
     client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")

@@ -54,9 +54,16 @@ class ProbeCallback(pl.Callback):
     """
 
     def __init__(
-        self, run_dir: str | Path, every_n_validations: int = 0, num_batches: int = 2, seq_len: int | None = None
+        self,
+        run_dir: str | Path,
+        every_n_validations: int = 0,
+        num_batches: int = 2,
+        seq_len: int | None = None,
+        figures: bool = True,
     ) -> None:
-        self.config = ProbeConfig(every_n_validations=every_n_validations, num_batches=num_batches, seq_len=seq_len)
+        self.config = ProbeConfig(
+            every_n_validations=every_n_validations, num_batches=num_batches, seq_len=seq_len, figures=figures
+        )
         self.config.validate()
         self.run_dir = Path(run_dir)
         self.every_n_validations = every_n_validations
@@ -114,7 +121,8 @@ class ProbeCallback(pl.Callback):
         model = getattr(pl_module, "model", pl_module)  # MeshLitModule keeps the MeshTransformer here
         report = probe_report(model, self._batches, window=data.seq_len)
         routing = routing_report(model, self._batches, window=data.seq_len)  # None for a dense model
-        write_probe_files(report, folder, routing, step=step, batches=describe_batches(data, self._batches))
+        batches = describe_batches(data, self._batches)
+        write_probe_files(report, folder, routing, figures=self.config.figures, step=step, batches=batches)
         if trainer.logger is not None:
             trainer.logger.log_metrics(summary_metrics(probe_metrics(report, routing)), step=step)
         self._log_artifacts(trainer, folder, f"{PROBE_DIR}/step{step}")
@@ -146,6 +154,7 @@ def probe_callbacks(probes: ProbeConfig, run_dir: str | Path) -> list[pl.Callbac
             every_n_validations=probes.every_n_validations,
             num_batches=probes.num_batches,
             seq_len=probes.seq_len,
+            figures=probes.figures,
         ),
         StateRoutingCallback(num_batches=probes.num_batches),
     ]

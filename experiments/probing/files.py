@@ -186,13 +186,19 @@ def read_probe_table(path: str | Path) -> dict[str, float]:
 
 
 def write_probe_files(
-    report: ProbeReport, out_dir: str | Path, routing: RoutingReport | None = None, **extra: Any
+    report: ProbeReport,
+    out_dir: str | Path,
+    routing: RoutingReport | None = None,
+    figures: bool = True,
+    **extra: Any,
 ) -> list[Path]:
-    """The figures (PNG + SVG), ``probes.json`` and ``probes.csv`` (every probe value, a table) of
-    ``report`` (and of a MoE run's ``routing``) in ``out_dir``; returns the paths."""
+    """The figures (PNG + SVG; not when ``figures`` is false), ``probes.json`` and ``probes.csv``
+    (every probe value, a table) of ``report`` (and of a MoE run's ``routing``) in ``out_dir``;
+    returns the paths."""
     out = Path(out_dir)
-    paths = [path for group in plot_report(report, out).values() for path in group]
-    if routing is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [path for group in plot_report(report, out).values() for path in group] if figures else []
+    if routing is not None and figures:
         paths += plot_routing(routing.blocks, out, chance=chance_jaccard(routing.experts, routing.top_k))
     data = report_to_dict(report, routing, **extra)
     (out / REPORT_FILE).write_text(json.dumps(data, indent=1, allow_nan=False))
