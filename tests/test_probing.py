@@ -360,3 +360,21 @@ def test_probes_json_of_the_second_format_is_read_back_without_the_confounds(run
     assert not [k for k in metrics if "/norm/" in k or "normed" in k or "perm_floor" in k]
     assert metrics == pytest.approx({k: v for k, v in current.as_metrics().items() if k in metrics})
     write_probe_files(report, tmp_path)
+
+
+def test_probes_without_figures_write_the_same_numbers_and_no_picture(runs, tmp_path):
+    """probes.figures=false (the tests' runs): probes.json and probes.csv as with figures, byte for
+    byte, and no PNG or SVG; the setting reaches the run's probe callback."""
+    from experiments.config import ProbeConfig
+    from experiments.probing.callback import ProbeCallback, probe_callbacks
+
+    report = load_report(runs["mesh"].run_dir / "probes" / "final")
+    drawn = write_probe_files(report, tmp_path / "drawn", step=10)
+    bare = write_probe_files(report, tmp_path / "bare", figures=False, step=10)
+    assert sorted(p.name for p in bare) == ["probes.csv", "probes.json"]
+    assert {p.suffix for p in drawn} == {".png", ".svg", ".json", ".csv"}
+    for path in bare:
+        assert path.read_bytes() == (tmp_path / "drawn" / path.name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == ["probes.csv", "probes.json"]
+    (callback, _) = probe_callbacks(ProbeConfig(figures=False), tmp_path)
+    assert isinstance(callback, ProbeCallback) and callback.config.figures is False
