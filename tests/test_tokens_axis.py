@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mlflow
 
+from experiments.store.sqlite import isolated_tracking_uri
 from experiments.store.views import TOKENS_METRIC
 from experiments.trainer import ResumedMLFlowLogger
 
@@ -37,13 +38,14 @@ def test_the_logger_adds_the_tokens_to_every_step_and_logs_no_step_of_a_metric_t
     run_id = client.create_run(client.create_experiment("tokens")).info.run_id
     client.log_metric(run_id, "train/loss", 2.0, step=9)
     client.log_metric(run_id, TOKENS_METRIC, 900.0, step=9)
-    logger = ResumedMLFlowLogger(
-        tracking_uri=uri, run_id=run_id, last_logged_steps={"train/loss": 9, TOKENS_METRIC: 9}, tokens_per_step=100
-    )
-    logger.log_metrics({"train/loss": 2.0}, step=9)  # redone after the resume
-    logger.log_metrics({"val/shakespeare/ppl": 50.0}, step=10)  # after 10 steps
-    logger.log_metrics({"train/loss": 1.5}, step=10)  # the 11th step, at Lightning's step 10
-    logger.log_metrics({"train/loss": 1.0}, step=14)
+    with isolated_tracking_uri():  # Lightning's MLFlowLogger sets the process's tracking URI, as train() undoes
+        logger = ResumedMLFlowLogger(
+            tracking_uri=uri, run_id=run_id, last_logged_steps={"train/loss": 9, TOKENS_METRIC: 9}, tokens_per_step=100
+        )
+        logger.log_metrics({"train/loss": 2.0}, step=9)  # redone after the resume
+        logger.log_metrics({"val/shakespeare/ppl": 50.0}, step=10)  # after 10 steps
+        logger.log_metrics({"train/loss": 1.5}, step=10)  # the 11th step, at Lightning's step 10
+        logger.log_metrics({"train/loss": 1.0}, step=14)
     assert history(client, run_id, TOKENS_METRIC) == [(9, 900.0), (10, 1000.0), (14, 1400.0)]
     assert history(client, run_id, "train/loss") == [(9, 2.0), (10, 1.5), (14, 1.0)]
     assert history(client, run_id, "val/shakespeare/ppl") == [(10, 50.0)]
