@@ -76,8 +76,11 @@ def _runs(base: Path, text: str, flag: str) -> pd.DataFrame:
     frame["seed"] = pd.to_numeric(frame["seed"].replace("", None), errors="coerce")
     frame = frame[frame["seed"].notna()]
     if tokens:
-        words = frame.get("overrides", pd.Series("", index=frame.index)).fillna("").str.split()
-        frame = frame[words.map(lambda w: all(t in w for t in tokens)).astype(bool)]
+        from results.rows.frame import parse_overrides
+
+        wanted = dict(token.partition("=")[::2] for token in tokens)
+        labels = frame.get("overrides", pd.Series("", index=frame.index)).fillna("")
+        frame = frame[labels.map(lambda label: wanted.items() <= parse_overrides(label).items()).astype(bool)]
         if frame.empty:
             raise TrendInputError(f"{flag}: no run of {base / folder} has the overrides {' '.join(tokens)}")
     return frame

@@ -10,15 +10,14 @@ twice) counts once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments.compose import compose_config
-from results.rows.frame import ResultsError
+from experiments.tracking import flatten
+from results.rows.frame import ResultsError, parse_overrides
 
 MODEL_OVERRIDES = "model_overrides."
 
@@ -32,16 +31,6 @@ class ArmSpec:
     model_overrides: frozenset[str]
 
 
-def _flat(prefix: str, node: Mapping[str, Any]) -> list[str]:
-    out: list[str] = []
-    for key, value in node.items():
-        if isinstance(value, Mapping):
-            out.extend(_flat(f"{prefix}{key}.", value))
-        else:
-            out.append(f"{prefix}{key}={value}")
-    return out
-
-
 def arm_spec(name: str) -> ArmSpec:
     """The arm ``name`` composed by Hydra as a run would be (``arm=<name>``)."""
     try:
@@ -51,14 +40,14 @@ def arm_spec(name: str) -> ArmSpec:
     node = config.get("model_overrides")
     overrides = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     assert isinstance(overrides, dict)
-    flat = _flat(MODEL_OVERRIDES, {str(key): value for key, value in overrides.items()})
-    return ArmSpec(name, str(config.scheme), frozenset(flat))
+    flat = flatten({str(key): value for key, value in overrides.items()}, MODEL_OVERRIDES)  # as the run logs them
+    return ArmSpec(name, str(config.scheme), frozenset(f"{key}={value}" for key, value in flat.items()))
 
 
 def _model_overrides(text: object) -> frozenset[str]:
     if not isinstance(text, str):
         return frozenset()
-    return frozenset(token for token in text.split() if token.startswith(MODEL_OVERRIDES))
+    return frozenset(f"{k}={v}" for k, v in parse_overrides(text).items() if k.startswith(MODEL_OVERRIDES))
 
 
 def arm_runs(frame: pd.DataFrame, arm: ArmSpec) -> pd.DataFrame:

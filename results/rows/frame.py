@@ -12,6 +12,7 @@ of before that logged them all, and keeps them: what MLflow holds wins.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,3 +158,16 @@ def overrides_label(params: dict[str, str] | Any, keys: Sequence[str]) -> str:
     if not isinstance(params, dict):
         return ""
     return " ".join(f"{k}={params[k]}" for k in keys if params.get(k, "") != "")
+
+
+_KEY = re.compile(r"(?:^| )([A-Za-z_+][\w.+-]*)=")
+
+
+def parse_overrides(label: str) -> dict[str, str]:
+    """``optim.lr=0.004 model_overrides.mesh_router_z_coef=0.001`` -> ``{key: value}`` (a value may
+    hold spaces: it runs to the next `` key=``): what :func:`overrides_label` wrote, read back."""
+    starts = list(_KEY.finditer(label))
+    return {
+        m.group(1): label[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(label)].strip()
+        for i, m in enumerate(starts)
+    }

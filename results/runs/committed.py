@@ -18,7 +18,15 @@ from pathlib import Path
 import pandas as pd
 
 from results.rows.depth import DepthData
-from results.rows.frame import PARAM_COLUMN, READ_ERROR, RUN_COLUMNS, TAG_COLUMNS, ResultsError, add_main_set
+from results.rows.frame import (
+    PARAM_COLUMN,
+    READ_ERROR,
+    RUN_COLUMNS,
+    TAG_COLUMNS,
+    ResultsError,
+    add_main_set,
+    parse_overrides,
+)
 
 TEXT_COLUMNS = ("run_id", "run_name", "experiment", "status", *TAG_COLUMNS, READ_ERROR)
 
@@ -59,19 +67,6 @@ def read_runs_csv(path: str | Path) -> pd.DataFrame:
                 p.setdefault(key, value)
     frame["params"] = params
     return add_main_set(frame)
-
-
-_KEY = re.compile(r"(?:^| )([A-Za-z_+][\w.+-]*)=")
-
-
-def parse_overrides(label: str) -> dict[str, str]:
-    """``optim.lr=0.004 model_overrides.mesh_router_z_coef=0.001`` -> ``{key: value}`` (a value may
-    hold spaces: it runs to the next `` key=``)."""
-    starts = list(_KEY.finditer(label))
-    return {
-        m.group(1): label[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(label)].strip()
-        for i, m in enumerate(starts)
-    }
 
 
 def params_from_overrides(labels: list[str]) -> list[dict[str, str]]:
