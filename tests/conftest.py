@@ -25,6 +25,7 @@ import pytest
 import torch
 from filelock import FileLock
 from omegaconf import DictConfig
+from suite_clock import SuiteClock, add_option
 
 from experiments.compose import compose_config
 
@@ -62,6 +63,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # tiny runs side by side on 2 cores took 4x the step time and 1.8x the CPU time of 1-thread ones.
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SuiteClock(config), "suite_clock")
 
 
 def override_key(override: str) -> str:
