@@ -11,14 +11,13 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import mlflow
 import pytest
+from helpers import Ran, run_tool
 
 from experiments.data.cache import cache_root
 from experiments.data.config import DataConfig
@@ -27,7 +26,6 @@ from experiments.data.prepare import prepare
 from experiments.data.tokenizer import load_tokenizer
 
 fetch_module = importlib.import_module("experiments.data.fetch")  # experiments.data.fetch is also a function
-MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
 RUN = ("model=tiny", "max_steps=2", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
 RUN += ("data.val_batches=1", "probes.enabled=false")
 
@@ -61,10 +59,9 @@ def damage_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("[mesh] cached ")]
 
 
-def mesh_train(runs_dir: Path, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MESH_CACHE_DIR": str(cache)}
-    command = [MESH_TRAIN, *RUN, f"runs_dir={runs_dir}"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+def mesh_train(runs_dir: Path, cache: Path) -> Ran:
+    """The command in this process (run_tool), on the copied cache: the line read is its own."""
+    return run_tool("mesh-train", *RUN, f"runs_dir={runs_dir}", env={**os.environ, "MESH_CACHE_DIR": str(cache)})
 
 
 def serve_archive_from(monkeypatch, folder: Path, members: dict[str, str], kind: str) -> list[str]:

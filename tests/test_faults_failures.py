@@ -16,6 +16,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from helpers import run_tool
 
 from experiments.callbacks.checkpointing import NoSpaceLeft
 from experiments.callbacks.divergence import Diverged
@@ -59,12 +60,13 @@ def test_a_diverged_run_stops_at_that_step_failed_with_one_line(tmp_path):
 def test_allow_nonfinite_trains_a_diverged_run_on_with_one_line_and_a_tag(tmp_path):
     """The run of the diverged test fails; the same command with allow_nonfinite=true (which is not
     part of the run's identity) takes the same run up again, says the first non-finite loss once
-    and trains to the end, its non-finite checkpoints kept."""
-    command = [MESH_TRAIN, "model=tiny", "max_steps=20", "val_every=10", "checkpoint_every=10", *SMALL]
+    and trains to the end, its non-finite checkpoints kept. (In this process: the diverged run's
+    one line on a process's stderr is the test above.)"""
+    command = ["model=tiny", "max_steps=20", "val_every=10", "checkpoint_every=10", *SMALL]
     command += ["optim.lr=1e30", f"runs_dir={tmp_path}"]
-    failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    failed = run_tool("mesh-train", *command)
     assert failed.returncode == 1 and only_run(tmp_path).info.status == "FAILED", failed.stderr
-    done = subprocess.run([*command, "allow_nonfinite=true"], capture_output=True, text=True, timeout=300)
+    done = run_tool("mesh-train", *command, "allow_nonfinite=true")
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "allow_nonfinite=true: training on" in line]
     assert len(said) == 1 and said[0].startswith("[mesh-train] the training loss is "), done.stderr
@@ -81,14 +83,13 @@ def test_allow_nonfinite_trains_a_diverged_run_on_with_one_line_and_a_tag(tmp_pa
 def test_a_run_trained_past_a_non_finite_loss_is_its_own_marked_row_and_count(tmp_path):
     """Beside a finished run, a run trained on past its NaN loss is read back NONFINITE, with the
     tag's line as its error: its own row, marked, and its own count in the report."""
-    command = [MESH_TRAIN, "model=tiny", "max_steps=10", "val_every=10", "checkpoint_every=10", *SMALL]
+    command = ["model=tiny", "max_steps=10", "val_every=10", "checkpoint_every=10", *SMALL]
     command += [f"runs_dir={tmp_path}", "tracking.experiment=nan"]
     for extra in (["optim.lr=1e30", "allow_nonfinite=true"], ["seed=1"]):
-        done = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=300)
+        done = run_tool("mesh-train", *command, *extra)
         assert done.returncode == 0, done.stderr
     out = tmp_path / "report"
-    results = [str(Path(sys.executable).parent / "mesh-results"), "nan", "--runs-dir", str(tmp_path), "--out", str(out)]
-    done = subprocess.run(results, capture_output=True, text=True, timeout=300)
+    done = run_tool("mesh-results", "nan", "--runs-dir", str(tmp_path), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "[mesh-results] 2 runs (1 finished) -> 2 rows;" in done.stdout
     report = (out / "report.md").read_text()

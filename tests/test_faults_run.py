@@ -4,7 +4,9 @@ same run started twice, its MLflow run deleted, a store whose creation was cut s
 Every case runs the real ``mesh-train`` in a subprocess against a real sqlite store and sends the
 real signal, then states what must hold: exit code, run status and tags in MLflow, checkpoint
 files, and (for the resumed runs) metric histories equal, step by step and bit for bit, to the
-same run left uninterrupted, with no step logged twice.
+same run left uninterrupted (trained in a process of its own), with no step logged twice. The
+run after the stop is the same command called in this process where nothing about it needs a
+process of its own (``run_here``): the resume must match the uninterrupted run wherever it runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from helpers import Ran, run_tool
 
 from experiments.compose import compose_config
 from experiments.plan import OtherLength, other_lengths, plan_run
@@ -56,6 +59,12 @@ def run(runs_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [MESH_TRAIN, *RUN, f"runs_dir={runs_dir}", *extra], capture_output=True, text=True, timeout=600
     )
+
+
+def run_here(runs_dir: Path, *extra: str) -> Ran:
+    """RUN in this process (``run_tool``): the run after a stop, or one a case only sets up, whose
+    own process is not what the case is about (no interpreter start, no second import of torch)."""
+    return run_tool("mesh-train", *RUN, f"runs_dir={runs_dir}", *extra)
 
 
 def run_dir(runs_dir: Path) -> Path:
@@ -111,7 +120,7 @@ def signal_after_first_checkpoint(runs_dir: Path, sig: int) -> tuple[int, str, s
 
 
 def resume_and_compare(runs_dir: Path, uninterrupted) -> None:
-    again = run(runs_dir)
+    again = run_here(runs_dir)
     assert again.returncode == 0, again.stderr
     assert_same_as_uninterrupted(runs_dir, uninterrupted)
 
@@ -141,7 +150,7 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_from_the_newest_intact_one(tm
     last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
     older = newest_step_checkpoint(last.parent)
     last.write_bytes(last.read_bytes()[:1000])  # damaged, and the newest file: the older one must be used
-    again = run(tmp_path)
+    again = run_here(tmp_path)
     assert again.returncode == 0, again.stderr
     damaged = [line for line in again.stderr.splitlines() if line.startswith("[mesh-train]") and "damaged" in line]
     assert damaged == [f"[mesh-train] {last} is damaged (truncated or not a checkpoint); trying an older one"]
@@ -178,7 +187,7 @@ def test_a_checkpoint_whose_bytes_changed_is_named_and_the_run_resumes_from_an_o
     size = last.stat().st_size
     damage_inside(last)
     assert last.stat().st_size == size
-    again = run(tmp_path)
+    again = run_here(tmp_path)
     assert again.returncode == 0, again.stderr
     damaged = [line for line in again.stderr.splitlines() if "damaged" in line]
     assert damaged == [
@@ -197,7 +206,7 @@ def test_a_run_killed_after_its_last_checkpoint_ends_on_the_rerun_with_its_valid
     """Killed between the last step's checkpoint and result.json (a grid killed at its end): the
     rerun resumes at max_steps, where Lightning trains nothing and validates nothing; it still
     writes the result, the final probes and FINISHED, and logs no step twice."""
-    first = run(tmp_path, "probes.enabled=true", "probes.num_batches=1")
+    first = run_here(tmp_path, "probes.enabled=true", "probes.num_batches=1")
     assert first.returncode == 0, first.stderr
     folder = run_dir(tmp_path)
     _, _, histories = record(tmp_path)
@@ -208,7 +217,7 @@ def test_a_run_killed_after_its_last_checkpoint_ends_on_the_rerun_with_its_valid
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     client.update_run((folder / "mlflow_run_id").read_text().strip(), status="RUNNING")
 
-    again = run(tmp_path, "probes.enabled=true", "probes.num_batches=1")
+    again = run_here(tmp_path, "probes.enabled=true", "probes.num_batches=1")
     assert again.returncode == 0, again.stderr
     assert any(line.startswith("[mesh-train] resuming from") for line in again.stderr.splitlines())
     status, _, after = record(tmp_path)
@@ -365,7 +374,7 @@ def test_a_deleted_mlflow_run_answers_in_one_line_and_resume_false_starts_over(t
         f"error: the MLflow run {run_id} of {run_dir(tmp_path)} is not in sqlite:///{tmp_path / 'mlflow.db'} "
         "(deleted?): pass resume=false to train this run again from step 0 into a new MLflow run"
     ]
-    fresh = run(tmp_path, "resume=false")
+    fresh = run_here(tmp_path, "resume=false")
     assert fresh.returncode == 0, fresh.stderr
     status, _, histories = record(tmp_path)
     assert status == "FINISHED" and [s for s, _ in histories["train/loss"]][0] == 4
@@ -375,11 +384,11 @@ def test_a_finished_run_asked_for_more_steps_says_it_is_a_new_run_from_step_0(tm
     """max_steps is part of a run (its LR schedule ends there): a longer run of the same config is a
     run of its own, and the line says so, naming the finished one, which is left as it was."""
     short = ("max_steps=4", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
-    first = run(tmp_path, *short, "data.val_batches=1")
+    first = run_here(tmp_path, *short, "data.val_batches=1")
     assert first.returncode == 0, first.stderr
     first_dir = run_dir(tmp_path)
     kept = (first_dir / "result.json").read_bytes()
-    longer = run(tmp_path, *short, "data.val_batches=1", "max_steps=8")
+    longer = run_here(tmp_path, *short, "data.val_batches=1", "max_steps=8")
     assert longer.returncode == 0, longer.stderr
     assert [line for line in longer.stderr.splitlines() if "new run" in line] == [
         f"[mesh-train] max_steps=8 is a new run, trained from step 0: the same config ran to max_steps=4 (finished) "

@@ -2,7 +2,8 @@
 naming the file, the damage and the way on; only a store this tool was creating and never finished is
 rebuilt without being asked, and ``tracking.rebuild_store=true`` sets a damaged one aside.
 
-One real run fills a real sqlite store; each case damages a copy and runs the real commands.
+One real run fills a real sqlite store; each case damages a copy and runs the real commands: in
+processes of their own where the one line they print is the point, in this one where the store is.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from helpers import Ran, run_tool
 
 BIN = Path(sys.executable).parent
 RUN = ("model=tiny", "max_steps=2", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
@@ -25,8 +27,14 @@ pytestmark = pytest.mark.slow
 
 
 def mesh_train(runs_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    """In a process of its own: what it says on stderr is the whole of what a user sees."""
     command = [str(BIN / "mesh-train"), *RUN, f"runs_dir={runs_dir}", *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def mesh_train_here(runs_dir: Path, *extra: str) -> Ran:
+    """In this process, where the test reads the store and not every line a process would print."""
+    return run_tool("mesh-train", *RUN, f"runs_dir={runs_dir}", *extra)
 
 
 def mesh_results(runs_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -37,7 +45,7 @@ def mesh_results(runs_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def store_with_a_run(tmp_path_factory) -> Path:
     runs_dir = tmp_path_factory.mktemp("store")
-    done = mesh_train(runs_dir)
+    done = mesh_train(runs_dir)  # a process: its store closed at exit, whole in mlflow.db (no -wal) to be copied
     assert done.returncode == 0, done.stderr
     return runs_dir / "mlflow.db"
 
@@ -78,7 +86,7 @@ def test_a_damaged_store_stops_every_command_with_one_line_and_is_kept(store_wit
 
 def test_the_recover_command_it_names_gets_the_runs_back(store_with_a_run, tmp_path):
     db = damaged_copy(store_with_a_run, tmp_path, "index page")
-    line = mesh_train(db.parent, "seed=1").stderr.strip()
+    line = mesh_train_here(db.parent, "seed=1").stderr.strip()
     recover = line.split("copy what it still holds with ")[1].split(" and use ")[0]
     done = subprocess.run(recover.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr  # an index is rebuilt, never read: nothing is lost
@@ -96,16 +104,14 @@ def test_the_recover_command_it_names_gets_the_runs_back(store_with_a_run, tmp_p
     )
     for key in original.data.metrics:
         assert after.get_metric_history(run.info.run_id, key) == before.get_metric_history(run.info.run_id, key)
-    trained = mesh_train(
-        db.parent, "seed=1", f"tracking.tracking_uri=sqlite:///{recovered}"
-    )  # the store takes new runs
+    trained = mesh_train_here(db.parent, "seed=1", f"tracking.tracking_uri=sqlite:///{recovered}")  # it takes new runs
     assert trained.returncode == 0, trained.stderr
 
 
 def test_rebuild_store_sets_a_damaged_store_aside_and_trains_into_a_new_one(store_with_a_run, tmp_path):
     db = damaged_copy(store_with_a_run, tmp_path, "truncated")
     before = db.read_bytes()
-    done = mesh_train(db.parent, "seed=1", "tracking.rebuild_store=true")
+    done = mesh_train_here(db.parent, "seed=1", "tracking.rebuild_store=true")
     assert done.returncode == 0, done.stderr
     (aside,) = [p for p in db.parent.glob("mlflow.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
     assert aside.read_bytes() == before
@@ -121,7 +127,7 @@ def test_a_store_this_tool_never_finished_creating_is_rebuilt_without_asking(sto
     db = runs_dir / "mlflow.db"
     db.write_bytes(store_with_a_run.read_bytes()[:8192])  # a copy cut short, as a full disk leaves it
     (runs_dir / ".mlflow.db.creating").touch()  # what creating it leaves until the store opens
-    done = mesh_train(runs_dir, "seed=1")
+    done = mesh_train_here(runs_dir, "seed=1")
     assert done.returncode == 0, done.stderr
     assert sum("was incomplete" in line and "created anew" in line for line in done.stderr.splitlines()) == 1
     assert (
