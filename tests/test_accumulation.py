@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from test_faults_run import HISTORIES, record, run, run_dir, start, stop, wait_for
+from test_faults_run import HISTORIES, record, run_dir, run_here, start, stop, wait_for
 
 from experiments.budget import step_budget
 from experiments.callbacks.checkpointing import StopOnStepBoundary
@@ -151,7 +151,7 @@ ACCUMULATED = ("data.batch_size=4", "trainer.accumulate_grad_batches=2", "data.v
 @pytest.fixture(scope="module")
 def accumulated_uninterrupted(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("accumulated")
-    result = run(runs_dir, *ACCUMULATED)
+    result = run_here(runs_dir, *ACCUMULATED)
     assert result.returncode == 0, result.stderr
     status, _, histories = record(runs_dir)
     assert status == "FINISHED"
@@ -166,7 +166,7 @@ def test_an_accumulated_run_logs_each_optimizer_step_once_and_learns_as_the_larg
     # Every 5th optimizer step, at Lightning's 0-based step (as without accumulation).
     assert [s for s, _ in histories["train/loss"]] == list(range(4, 40, 5))
     assert [s for s, _ in histories["val/shakespeare/loss"]] == [20, 40]
-    large = run(tmp_path, "data.batch_size=8")  # the same run in one batch of 8 per step
+    large = run_here(tmp_path, "data.batch_size=8")  # the same run in one batch of 8 per step
     assert large.returncode == 0, large.stderr
     _, _, expected = record(tmp_path)
     assert [s for s, _ in expected["train/loss"]] == [s for s, _ in histories["train/loss"]]
@@ -185,7 +185,7 @@ def test_sigterm_between_micro_batches_stops_at_the_step_end_and_resumes_exactly
     progress = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]
     assert progress["completed"] == 2 * saved["global_step"]  # a whole number of steps of 2 micro-batches
     assert saved["global_step"] >= 10
-    again = run(tmp_path, *ACCUMULATED)
+    again = run_here(tmp_path, *ACCUMULATED)
     assert again.returncode == 0, again.stderr
     status, _, histories = record(tmp_path)
     assert status == "FINISHED"
