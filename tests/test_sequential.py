@@ -12,6 +12,7 @@ from scipy.stats import t as student_t
 
 from mesh_model import ConfigError
 from results.stats.sequential import (
+    CALIBRATION_PATHS,
     CONTINUE,
     FUTILE,
     INCONCLUSIVE,
@@ -284,3 +285,13 @@ def test_the_bounds_spend_their_share_to_within_a_calibrations_own_noise():
     assert abs(rates["precise"] - precise.share) < 0.00015
     assert rates["coarse"] - coarse.share > 0.00015  # the test would have caught the 400k calibration
     assert math.isinf(precise.boundaries[0])  # n = 3 spends fewer than MIN_CROSSINGS paths' worth
+
+
+def test_the_bounds_docs_seeds_md_quotes_are_the_designs():
+    """docs/seeds.md gives the bounds of m = 4, stage 3, cap 12 as an example: they are the ones the
+    decisions use (4M calibration paths), at the two decimals quoted."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "seeds.md").read_text()
+    quoted = text.split("m = 4, stage 3, cap 12: |t| > ", 1)[1].split(" at 3, 6, 9, 12 seeds", 1)[0]
+    expected = ", ".join("inf" if math.isinf(b) else f"{b:.2f}" for b in Design(stage=3, n_max=12, claims=4).boundaries)
+    assert quoted == expected
+    assert "calibrated by a seeded simulation of 4,000,000 null paths" in text and CALIBRATION_PATHS == 4_000_000
