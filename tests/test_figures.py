@@ -362,3 +362,55 @@ def test_routing_rows_with_the_same_curve_share_one_labelled_line_instead_of_ent
         "mesh 1+2R2+1 B5",
     ]
     assert len({line.get_linestyle() for line in ax.get_lines() if line.get_label() in labels}) == 2
+    assert ax.get_xlabel() == "tokens seen"  # not the last legend entry's label, which once shadowed it
+
+
+def _long(row: Row, overrides: str) -> Row:
+    """``row`` named as a report names rows whose overrides vary: every one of them in the label."""
+    return Row(row.preset, row.scheme, row.layout, row.buffer_slots, overrides, row.run_ids, row.seeds, row.stats)
+
+
+LONG = "loops.distribution=poisson_lognormal loops.max=6 loops.mean=2.0 model_overrides.loop_rule=cycle"
+
+
+def _laid_out(fig) -> None:
+    """``fig`` drawn (laid out by constrained layout, as saving it does); a layout that gives up is an error."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="constrained_layout not applied")
+        fig.canvas.draw()
+
+
+def test_long_row_labels_go_in_one_legend_below_the_panels_and_no_panel_collapses():
+    """The depth report's training-loss figure, before: nine labels of ~100 characters inside a
+    5.5-inch panel squeezed it to nothing and constrained layout gave up, cutting the labels off."""
+    steps = range(0, 200, 10)
+    rows = [_long(_row(s, "1+2R2+1", (57.0, 58.0), 66.67), LONG) for s in ("base", "anchor", "mesh")]
+    histories = pd.DataFrame(
+        [{"run_id": r, "step": s, "value": 4.0} for row in rows for r in row.run_ids for s in steps]
+    )
+    fig = train_loss_figure(_results(rows), histories)
+    (ax,) = fig.axes
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [f"{r.label} (n=2)" for r in rows]
+    from experiments.probing.figures import text_inches
+
+    assert fig.get_size_inches()[0] >= text_inches([f"{rows[2].label} (n=2)"], 7)
+    _laid_out(fig)
+    short = [_row(s, "1+2R2+1", (57.0, 58.0), 66.67) for s in ("base", "mesh")]
+    histories = pd.DataFrame(
+        [{"run_id": r, "step": s, "value": 4.0} for row in short for r in row.run_ids for s in steps]
+    )
+    fig = train_loss_figure(_results(short), histories)
+    assert fig.axes[0].get_legend() is not None and not fig.legends  # short labels: inside, as before
+    assert list(fig.get_size_inches()) == [6.0, 4.0]
+
+
+def test_the_ranking_is_as_wide_as_its_row_labels_need():
+    rows = [_long(_row(s, "1+2R2+1", (57.0 + i, 58.0 + i), 66.67), LONG) for i, s in enumerate(("base", "mesh"))]
+    fig = ranking_figure(_results(rows))
+    _laid_out(fig)
+    (ax,) = fig.axes
+    assert ax.get_position().width * fig.get_size_inches()[0] > 3.0  # the panel keeps its plot
+    assert list(ranking_figure(_results(_block())).get_size_inches()) == [6.5, 1.3 + 0.38 * 6]  # short: as before

@@ -23,7 +23,7 @@ open after a figure is saved.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,42 @@ def _grid_axes(fig: Any, count: int) -> list[list[Any]]:
     for ax in flat[count:]:
         ax.remove()
     return [flat[i : min(i + ncols, count)] for i in range(0, count, ncols)]
+
+
+def text_inches(texts: Iterable[str], fontsize: float) -> float:
+    """The width of the widest of ``texts`` at ``fontsize`` points, in inches (the default font's
+    glyph advances; no canvas needed)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    prop, measure = FontProperties(size=fontsize), TextToPath()
+    widths = [measure.get_text_width_height_descent(text, prop, ismath=False)[0] for text in texts]
+    return max(widths, default=0.0) / 72
+
+
+LEGEND_INSIDE_INCHES = 3.2  # a legend whose longest entry (with its line) is wider goes below the panels
+
+
+def legends(fig: Any, axes: Sequence[Any], fontsize: float = 7) -> None:
+    """Each panel's legend inside it where its entries are short. Where one is long (a row label
+    that names every override its rows vary), one legend of every panel's entries goes below the
+    panels and the figure grows to hold it: inside, it squeezed its panel to nothing and constrained
+    layout gave up, cutting the labels off."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if not entries:
+        return
+    widest = text_inches(entries, fontsize) + 0.6  # the entry's line and padding
+    if widest <= LEGEND_INSIDE_INCHES:
+        for ax in axes:
+            if ax.get_legend_handles_labels()[1]:
+                ax.legend(fontsize=fontsize)
+        return
+    fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize=fontsize, frameon=False)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(max(width, widest + 0.8), height + len(entries) * fontsize * 1.45 / 72 + 0.3)
 
 
 def save_figure(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:

@@ -25,7 +25,15 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.probing.figures import LINE_STYLES, MARKERS, figure, plot_comparison, save_figure
+from experiments.probing.figures import (
+    LINE_STYLES,
+    MARKERS,
+    figure,
+    legends,
+    plot_comparison,
+    save_figure,
+    text_inches,
+)
 from experiments.probing.routing_figures import ROUTING_KINDS, routing_comparison_figure
 from mesh_model.probe_names import scheme_color, variant_index
 from results.rows.aggregate import Results, Row
@@ -49,7 +57,9 @@ def ranking_figure(results: Results) -> Any | None:
     if not panels:
         return None
     longest = max(len(rows) for _, rows in panels)
-    fig, axes = figure(0.5 + 6.0 * len(panels), 1.3 + 0.38 * longest, ncols=len(panels))
+    # each panel as wide as its row labels need (beside a 4-inch plot): cut to fit, they named no row
+    labels = [text_inches((f"{r.label} (n={r.stats[metric].n})" for r in rows), 8) for _, rows in panels]
+    fig, axes = figure(0.5 + sum(max(2.0, width) + 4.0 for width in labels), 1.3 + 0.38 * longest, ncols=len(panels))
     for ax, (name, rows) in zip(axes, panels, strict=True):
         for y, row in enumerate(rows):
             stat, color = row.stats[metric], scheme_color(row.scheme)
@@ -229,7 +239,7 @@ def train_loss_figure(results: Results, histories: pd.DataFrame) -> Any | None:
         ax.set_ylabel("training loss" + (f" (rolling mean, {window} logged steps)" if window > 1 else ""))
         ax.set_title(block.name)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    legends(fig, axes)
     return fig
 
 
@@ -301,7 +311,7 @@ def validation_curves_figure(results: Results, curves: pd.DataFrame, block: str)
         ax.set_ylabel(f"validation PPL ({name})")
         ax.set_title(block)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+    legends(fig, axes)
     return fig
 
 
@@ -342,7 +352,7 @@ def claim_delta_figure(deltas: pd.DataFrame, claim: str) -> Any | None:
         ax.set_ylabel(f"Δ {metric} (log PPL)")
         ax.set_title(f"{claim}: {block}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    legends(fig, axes)
     return fig
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.probing.figures import figure, save_figure
+from experiments.probing.figures import figure, legends, save_figure
 from mesh_model.probe_names import scheme_color
 from results.render.formats import markdown_escape
 from results.rows.aggregate import Results, Row
@@ -47,7 +47,7 @@ def coefficients_figure(results: Results, frame: pd.DataFrame) -> Any | None:
     if not rows or frame.empty:
         return None
     fig, (ax,) = figure(7.5, 4.2)
-    x, label = _x(frame)
+    x, x_label = _x(frame)
     curves: dict[tuple, tuple[pd.Series, list[Row]]] = {}  # rows whose curves coincide share one line
     for row in rows:
         key = f"routing/coef/coda/{last_core(row)}/mean"
@@ -60,11 +60,11 @@ def coefficients_figure(results: Results, frame: pd.DataFrame) -> Any | None:
         ax.plot(curve.index, curve.values, style, color=scheme_color(together[0].scheme), marker=".", label=label)
     ax.axhline(0.1, color="grey", linestyle=":", linewidth=0.8)
     _ticks(ax, x)
-    ax.set_xlabel(label)
+    ax.set_xlabel(x_label)  # once named like the loop's legend entries, it read the last row's label
     ax.set_ylabel("coefficient of f_K in the coda input")
     ax.set_title("How much of the last core iteration reaches the coda (mean over seeds; dotted: 0.1)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legends(fig, [ax])
     return fig
 
 
