@@ -4,9 +4,11 @@ Each test is timed in the process that runs it: wall seconds, and CPU seconds of
 of the processes it started and reaped (``os.times``: a ``mesh-train`` run in a subprocess counts,
 a SLURM job started by slurmd does not). Under pytest-xdist a worker hands its figures to the
 controller as it ends (``workeroutput``), and the controller prints one summary: the session's
-wall time, how busy each worker was (the idle rest is a worker waiting for the others to finish,
-or starting up), the CPU split between the workers and what they started, and the tests that
-cost most. ``--suite-clock-json PATH`` also writes every test's figures, for a closer look.
+wall time, how busy each worker was with its tests (the rest is its start and collection, or
+waiting for the others to finish), the CPU split between the workers and what they started, and
+the tests that cost most. A test's figures include the set-up and tear-down of the module- and
+session-scoped fixtures it was the first or last to use. ``--suite-clock-json PATH`` also writes
+every test's figures, for a closer look.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def machine_cpu_seconds() -> tuple[float, float] | None:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()
     except OSError:
         return None
-    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    ticks = [int(x) for x in fields[1:8]]  # user nice system idle iowait irq softirq (not steal: other guests')
     hertz = os.sysconf("SC_CLK_TCK")
     idle = ticks[3] + ticks[4]
     return (sum(ticks) - idle) / hertz, idle / hertz
@@ -77,7 +79,8 @@ class SuiteClock:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.own = WorkerClock(os.environ.get("PYTEST_XDIST_WORKER", "main"))
-        self.workers: list[WorkerClock] = []
+        self.workers: dict[str, WorkerClock] = {}  # by name: xdist may report a worker down twice
+        self.lost: list[str] = []  # workers that went down without their figures
         self.started = time.monotonic()
         self.machine_at_start = machine_cpu_seconds()
 
@@ -99,15 +102,20 @@ class SuiteClock:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         sent = getattr(node, "workeroutput", {}).get(KEY)
         if sent is not None:
-            self.workers.append(WorkerClock.from_json(sent))
+            worker = WorkerClock.from_json(sent)
+            self.workers[worker.name] = worker
+        elif error is not None:
+            self.lost.append(f"{node.gateway.id} went down ({error}): its tests are not counted")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        workers = sorted(self.workers, key=lambda w: w.name) or [self.own]
+        workers = sorted(self.workers.values(), key=_worker_order) or [self.own]
         tests = [t for w in workers for t in w.tests]
         if not tests:
             return
+        for line in self.lost:
+            terminalreporter.write_line(f"suite clock: {line}")
         machine, now = None, machine_cpu_seconds()
         if self.machine_at_start is not None and now is not None:
             machine = (now[0] - self.machine_at_start[0], now[1] - self.machine_at_start[1])
@@ -118,11 +126,17 @@ class SuiteClock:
             Path(path).write_text(json.dumps([asdict(w) for w in workers], indent=1) + "\n")
 
 
+def _worker_order(worker: WorkerClock) -> tuple[int, str]:
+    """gw2 before gw10."""
+    number = worker.name.removeprefix("gw")
+    return (int(number), "") if number.isdigit() else (-1, worker.name)
+
+
 def summary(workers: list[WorkerClock], wall_s: float, machine: tuple[float, float] | None = None) -> list[str]:
     """The printed lines: wall time and each worker's busy share, the CPU split, the machine's busy
     share of its cores over the session (``machine``: busy and idle CPU seconds), the costliest tests."""
     tests = [t for w in workers for t in w.tests]
-    busy = ", ".join(f"{w.name} busy {w.busy_s:.0f} s ({w.busy_s / wall_s:.0%})" for w in workers)
+    busy = ", ".join(f"{w.name} busy {w.busy_s:.0f} s ({w.busy_s / max(wall_s, 1e-9):.0%})" for w in workers)
     own = sum(t.cpu_s for t in tests)
     started = sum(t.started_cpu_s for t in tests)
     lines = [
@@ -131,7 +145,7 @@ def summary(workers: list[WorkerClock], wall_s: float, machine: tuple[float, flo
         f"  CPU {own + started:.0f} s: {own:.0f} s in the test processes, {started:.0f} s in the processes "
         "they started and reaped (SLURM jobs, started by slurmd, are not counted)",
     ]
-    if machine is not None:
+    if machine is not None and sum(machine) > 0:
         busy_s, idle_s = machine
         lines.append(
             f"  the machine's cores: {busy_s:.0f} s busy, {idle_s:.0f} s idle ({busy_s / (busy_s + idle_s):.0%} busy; "

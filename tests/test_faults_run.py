@@ -1,12 +1,13 @@
 """A run survives what happens to processes: kill -9, Ctrl-C, SIGTERM, a damaged checkpoint, the
 same run started twice, its MLflow run deleted, a store whose creation was cut short.
 
-Every case runs the real ``mesh-train`` in a subprocess against a real sqlite store and sends the
-real signal, then states what must hold: exit code, run status and tags in MLflow, checkpoint
-files, and (for the resumed runs) metric histories equal, step by step and bit for bit, to the
-same run left uninterrupted (trained in a process of its own), with no step logged twice. The
-run after the stop is the same command called in this process where nothing about it needs a
-process of its own (``run_here``): the resume must match the uninterrupted run wherever it runs.
+Where a signal or a process's own output is the point, the case runs the real ``mesh-train`` in a
+subprocess against a real sqlite store and sends the real signal; the run after the stop, and the
+runs of the cases that only stage what a stop leaves (a finished run asked for more steps, a run
+killed after its last checkpoint), are the same command called in this process (``run_here``).
+Each case states what must hold: exit code, run status and tags in MLflow, checkpoint files, and
+(for the resumed runs) metric histories equal, step by step and bit for bit, to the same run left
+uninterrupted (trained in a process of its own), with no step logged twice.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ naming the file, the damage and the way on; only a store this tool was creating 
 rebuilt without being asked, and ``tracking.rebuild_store=true`` sets a damaged one aside.
 
 One real run fills a real sqlite store; each case damages a copy and runs the real commands: in
-processes of their own where the one line they print is the point, in this one where the store is.
+processes of their own where all they print must be one line, in this one where the store is the
+point (the recover case reads the command the line names from that line, whatever else is said).
 """
 
 from __future__ import annotations

@@ -396,8 +396,11 @@ def test_long_row_labels_go_in_one_legend_below_the_panels_and_no_panel_collapse
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [f"{r.label} (n=2)" for r in rows]
     from experiments.probing.figures import text_inches
 
-    assert fig.get_size_inches()[0] >= text_inches([f"{rows[2].label} (n=2)"], 7)
+    assert fig.get_size_inches()[0] >= text_inches([f"{rows[2].label} (n=2)"], 7) + 0.6
     _laid_out(fig)
+    assert ax.get_position().width * fig.get_size_inches()[0] > 3.0  # the panel keeps its plot
+    legend, whole = fig.legends[0].get_window_extent(), fig.bbox
+    assert whole.x0 <= legend.x0 and legend.x1 <= whole.x1 and whole.y0 <= legend.y0  # inside the figure
     short = [_row(s, "1+2R2+1", (57.0, 58.0), 66.67) for s in ("base", "mesh")]
     histories = pd.DataFrame(
         [{"run_id": r, "step": s, "value": 4.0} for row in short for r in row.run_ids for s in steps]
@@ -414,3 +417,40 @@ def test_the_ranking_is_as_wide_as_its_row_labels_need():
     (ax,) = fig.axes
     assert ax.get_position().width * fig.get_size_inches()[0] > 3.0  # the panel keeps its plot
     assert list(ranking_figure(_results(_block())).get_size_inches()) == [6.5, 1.3 + 0.38 * 6]  # short: as before
+
+
+def test_one_label_drawn_otherwise_in_two_panels_keeps_an_entry_for_each_look():
+    """Styles are given panel by panel: the same row can be solid in one panel and dashed in another,
+    and one legend below both must not name a line by another's look."""
+    from experiments.probing.figures import figure, legends
+
+    fig, axes = figure(8.0, 3.0, ncols=2)
+    axes[0].plot([0, 1], [0, 1], "-", color="red", label=f"mesh {LONG}")
+    axes[1].plot([0, 1], [0, 1], "--", color="red", label=f"mesh {LONG}")
+    axes[1].plot([0, 1], [1, 0], "-", color="blue", label=f"base {LONG}")
+    legends(fig, axes)
+    (legend,) = fig.legends
+    drawn = [
+        (text.get_text(), line.get_linestyle())
+        for text, line in zip(legend.get_texts(), legend.get_lines(), strict=True)
+    ]
+    assert drawn == [(f"mesh {LONG}", "-"), (f"mesh {LONG}", "--"), (f"base {LONG}", "-")]
+
+
+def test_saving_a_figure_gives_it_back_cleared_with_its_layout_engine(tmp_path):
+    """save_figure lays out once for both formats (the engine off for the second save) and puts the
+    engine back, a colorbar's figure included."""
+    import matplotlib as mpl
+
+    from experiments.probing.figures import figure, save_figure
+
+    fig, (ax,) = figure(4.0, 3.0)
+    engine = fig.get_layout_engine()
+    image = ax.imshow([[0.0, 1.0], [1.0, 0.0]])
+    fig.colorbar(image, ax=ax)
+    paths = save_figure(fig, tmp_path, "with_colorbar")
+    assert [p.name for p in paths] == ["with_colorbar.png", "with_colorbar.svg"] and all(
+        p.stat().st_size for p in paths
+    )
+    assert fig.get_layout_engine() is engine and not fig.axes
+    fig.colorbar(mpl.cm.ScalarMappable(), ax=fig.subplots())  # the engine takes a colorbar again

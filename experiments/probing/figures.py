@@ -108,21 +108,33 @@ def legends(fig: Any, axes: Sequence[Any], fontsize: float = 7) -> None:
     that names every override its rows vary), one legend of every panel's entries goes below the
     panels and the figure grows to hold it: inside, it squeezed its panel to nothing and constrained
     layout gave up, cutting the labels off."""
-    entries: dict[str, Any] = {}
-    for ax in axes:
+    entries: dict[tuple, tuple[str, Any]] = {}  # one entry per label and look: a label styled otherwise
+    for ax in axes:  # in another panel (styles are given panel by panel) keeps an entry of its own
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            entries.setdefault(label, handle)
+            look = (label, _look(handle))
+            entries.setdefault(look, (label, handle))
     if not entries:
         return
-    widest = text_inches(entries, fontsize) + 0.6  # the entry's line and padding
+    labels = [label for label, _ in entries.values()]
+    widest = text_inches(labels, fontsize) + 0.6  # the entry's line and padding
     if widest <= LEGEND_INSIDE_INCHES:
         for ax in axes:
             if ax.get_legend_handles_labels()[1]:
                 ax.legend(fontsize=fontsize)
         return
-    fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize=fontsize, frameon=False)
+    handles = [handle for _, handle in entries.values()]
+    fig.legend(handles, labels, loc="outside lower center", fontsize=fontsize, frameon=False)
     width, height = fig.get_size_inches()
     fig.set_size_inches(max(width, widest + 0.8), height + len(entries) * fontsize * 1.45 / 72 + 0.3)
+
+
+def _look(handle: Any) -> tuple:
+    """What tells a legend entry's line apart: colour, line style, marker (a patch: its colour)."""
+    from matplotlib.colors import to_hex
+
+    if hasattr(handle, "get_linestyle") and hasattr(handle, "get_marker"):
+        return (to_hex(handle.get_color()), str(handle.get_linestyle()), str(handle.get_marker()))
+    return (to_hex(handle.get_facecolor()),) if hasattr(handle, "get_facecolor") else (id(handle),)
 
 
 def save_figure(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:
@@ -139,12 +151,14 @@ def save_figure(fig: Any, out_dir: str | Path, stem: str) -> list[Path]:
     # layout measures every text, about a sixth of a report's rebuild when done twice, and the SVG's
     # own came out otherwise than the PNG's. The figure's engine is put back once it is cleared.
     engine = fig.get_layout_engine()
-    with matplotlib.rc_context({"svg.hashsalt": stem}):
-        for path in paths:
-            fig.savefig(path, dpi=150, metadata={"Date": None} if path.suffix != ".png" else None)
-            fig.set_layout_engine("none")
-    fig.clear()
-    fig.set_layout_engine(engine)
+    try:
+        with matplotlib.rc_context({"svg.hashsalt": stem}):
+            for path in paths:
+                fig.savefig(path, dpi=150, metadata={"Date": None} if path.suffix != ".png" else None)
+                fig.set_layout_engine("none")
+    finally:
+        fig.clear()
+        fig.set_layout_engine(engine)
     return paths
 
 
