@@ -40,6 +40,8 @@ def test_the_welch_interval_is_scipys(first, second):
     assert mine.df == pytest.approx(theirs.df, rel=1e-12)
     assert mine.diff == pytest.approx(np.mean(first) - np.mean(second), rel=1e-12)
     assert math.isnan(welch_interval([0.1], [0.2, 0.3]).low)  # one value: no spread, no interval
+    assert welch_interval([0.1], [0.2, 0.3]).text() == "-0.1500 (no interval)"
+    assert welch_interval([], [0.2, 0.3]).text() == "-"  # no runs on one side: no difference to show
 
 
 @pytest.mark.parametrize(("n_point", "n_ref", "sd_point", "sd_ref"), [(3, 9, 0.03, 0.02), (3, 6, 0.02, 0.02)])

@@ -62,6 +62,8 @@ class WelchInterval:
     high: float
 
     def text(self, digits: int = 4) -> str:
+        if not math.isfinite(self.diff):  # a side without a value: nothing to subtract
+            return "-"
         if not math.isfinite(self.low):
             return f"{self.diff:+.{digits}f} (no interval)"
         return f"{self.diff:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
