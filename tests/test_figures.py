@@ -454,3 +454,13 @@ def test_saving_a_figure_gives_it_back_cleared_with_its_layout_engine(tmp_path):
     )
     assert fig.get_layout_engine() is engine and not fig.axes
     fig.colorbar(mpl.cm.ScalarMappable(), ax=fig.subplots())  # the engine takes a colorbar again
+
+
+def test_ppl_vs_params_widens_for_a_long_legend_beside_its_panel():
+    rows = [_long(row, LONG) for row in _block()]
+    fig = ppl_vs_params_figure(_results(rows))
+    _laid_out(fig)
+    (ax,) = [a for a in fig.axes if a.get_legend() is not None]
+    assert ax.get_position().width * fig.get_size_inches()[0] > 3.0  # the panel keeps its plot
+    assert fig.get_size_inches()[0] > 8.5  # widened for the legend
+    assert list(ppl_vs_params_figure(_results(_block())).get_size_inches()) == [8.5, 4.2]  # short: as before

@@ -100,7 +100,9 @@ def ppl_vs_params_figure(results: Results) -> Any | None:
             by_preset.setdefault(row.preset, []).append(row)
     if not by_preset:
         return None
-    fig, axes = figure(0.5 + 8.0 * len(by_preset), 4.2, ncols=len(by_preset))
+    # each panel 8 inches, or more where its legend (beside it) needs more than 3.5 of them
+    legend = [text_inches((f"{r.label} (n={r.stats[metric].n})" for r in rows), 7) + 0.6 for rows in by_preset.values()]
+    fig, axes = figure(0.5 + sum(max(8.0, 4.5 + width) for width in legend), 4.2, ncols=len(by_preset))
     for ax, (preset, rows) in zip(axes, by_preset.items(), strict=True):
         variants = _marker_styles(rows)
         for row in rows:
