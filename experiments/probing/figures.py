@@ -103,6 +103,11 @@ def text_inches(texts: Iterable[str], fontsize: float) -> float:
 LEGEND_INSIDE_INCHES = 3.2  # a legend whose longest entry (with its line) is wider goes below the panels
 
 
+def legend_inches(labels: Iterable[str], fontsize: float) -> float:
+    """The width of a legend of ``labels``: its widest label and the entry's line and padding."""
+    return text_inches(labels, fontsize) + 0.6
+
+
 def legends(fig: Any, axes: Sequence[Any], fontsize: float = 7) -> None:
     """Each panel's legend inside it where its entries are short. Where one is long (a row label
     that names every override its rows vary), one legend of every panel's entries goes below the
@@ -116,7 +121,7 @@ def legends(fig: Any, axes: Sequence[Any], fontsize: float = 7) -> None:
     if not entries:
         return
     labels = [label for label, _ in entries.values()]
-    widest = text_inches(labels, fontsize) + 0.6  # the entry's line and padding
+    widest = legend_inches(labels, fontsize)
     if widest <= LEGEND_INSIDE_INCHES:
         for ax in axes:
             if ax.get_legend_handles_labels()[1]:

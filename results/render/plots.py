@@ -29,6 +29,7 @@ from experiments.probing.figures import (
     LINE_STYLES,
     MARKERS,
     figure,
+    legend_inches,
     legends,
     plot_comparison,
     save_figure,
@@ -46,6 +47,11 @@ def _marker_styles(rows: Sequence[Row]) -> dict[str, int]:
     return dict(zip((r.label for r in rows), variant_index(r.scheme for r in rows), strict=True))
 
 
+def _with_n(row: Row, metric: str) -> str:
+    """A row's label with its number of seeds in ``metric``, as its tick or legend entry reads."""
+    return f"{row.label} (n={row.stats[metric].n})"
+
+
 def ranking_figure(results: Results) -> Any | None:
     """One panel per block: its rows from best to worst mean PPL, top down; each seed a dot and the
     mean a bar across it, in the scheme's colour. None when no row has the PPL."""
@@ -58,14 +64,14 @@ def ranking_figure(results: Results) -> Any | None:
         return None
     longest = max(len(rows) for _, rows in panels)
     # each panel as wide as its row labels need (beside a 4-inch plot): cut to fit, they named no row
-    labels = [text_inches((f"{r.label} (n={r.stats[metric].n})" for r in rows), 8) for _, rows in panels]
-    fig, axes = figure(0.5 + sum(max(2.0, width) + 4.0 for width in labels), 1.3 + 0.38 * longest, ncols=len(panels))
+    widths = [text_inches((_with_n(r, metric) for r in rows), 8) for _, rows in panels]
+    fig, axes = figure(0.5 + sum(max(2.0, width) + 4.0 for width in widths), 1.3 + 0.38 * longest, ncols=len(panels))
     for ax, (name, rows) in zip(axes, panels, strict=True):
         for y, row in enumerate(rows):
             stat, color = row.stats[metric], scheme_color(row.scheme)
             ax.plot(stat.values, [y] * stat.n, "o", color=color, alpha=0.75, markersize=5, linestyle="none")
             ax.plot([stat.mean, stat.mean], [y - 0.32, y + 0.32], color=color, linewidth=2.5, label=row.label)
-        ax.set_yticks(range(len(rows)), [f"{r.label} (n={r.stats[metric].n})" for r in rows], fontsize=8)
+        ax.set_yticks(range(len(rows)), [_with_n(r, metric) for r in rows], fontsize=8)
         ax.set_ylim(len(rows) - 0.5, -0.5)  # the best row on top
         ax.set_xlabel(f"{results.metric_label} (dots: seeds, bar: mean)")
         ax.set_title(name)
@@ -101,7 +107,7 @@ def ppl_vs_params_figure(results: Results) -> Any | None:
     if not by_preset:
         return None
     # each panel 8 inches, or more where its legend (beside it) needs more than 3.5 of them
-    legend = [text_inches((f"{r.label} (n={r.stats[metric].n})" for r in rows), 7) + 0.6 for rows in by_preset.values()]
+    legend = [legend_inches((_with_n(r, metric) for r in rows), 7) for rows in by_preset.values()]
     fig, axes = figure(0.5 + sum(max(8.0, 4.5 + width) for width in legend), 4.2, ncols=len(by_preset))
     for ax, (preset, rows) in zip(axes, by_preset.items(), strict=True):
         variants = _marker_styles(rows)
@@ -114,7 +120,7 @@ def ppl_vs_params_figure(results: Results) -> Any | None:
                 fmt=MARKERS[variants[row.label] % len(MARKERS)],
                 color=scheme_color(row.scheme),
                 capsize=3,
-                label=f"{row.label} (n={stat.n})",
+                label=_with_n(row, metric),
             )
         ax.set_xlabel("non-embedding parameters (% of vanilla)")
         ax.set_ylabel(results.metric_label)
