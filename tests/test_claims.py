@@ -76,10 +76,11 @@ CELLS = {
 
 def runs_frame(cells=CELLS) -> pd.DataFrame:
     """The frame :func:`results.runs.store.collect_runs` returns for these cells: one FINISHED run per
-    seed with its tags, params and final metrics (``val/shakespeare/{loss,ppl}``, ``val_loss``)."""
+    seed (0, 1, ... as many as a cell's lists hold) with its tags, params and final metrics
+    (``val/shakespeare/{loss,ppl}``, ``val_loss``)."""
     records = []
     for (preset, scheme, layout, slots), metrics in cells.items():
-        for seed in range(3):
+        for seed in range(len(next(iter(metrics.values())))):
             tags = dict.fromkeys(TAG_COLUMNS, "")
             tags.update(preset=preset, scheme=scheme, layout=layout, seed=str(seed), buffer_slots=slots)
             tags.update(config_hash=f"{preset}-{scheme}-{slots}-{seed}", git_commit=COMMIT)

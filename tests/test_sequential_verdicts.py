@@ -156,3 +156,42 @@ def test_stage_b_splits_alpha_over_the_four_comparisons_it_reports_together(tmp_
     text = (folder / "claims.md").read_text()
     assert "Bonferroni over the 4 primary comparisons this report decides together" in text
     assert "Under the split the grids ran with** (α over 2, 0.025 each" in text
+
+
+def test_the_sign_flip_check_takes_each_decision_again_at_its_looks_level(rebuilt):
+    """At the deciding look the bound c_k on |T| (n - 1 df) is a level 2·P(T > c_k) for one test;
+    the sign-flip test of the same first n differences (scipy's exact test) decides at it."""
+    folder, primary = rebuilt
+    design = Design(claims=4)
+    for claim, (a, b), n in (
+        ("base_worse_than_vanilla", ("base", "vanilla"), 9),
+        ("mesh_below_anchor", ("mesh", "anchor"), 6),
+    ):
+        diffs = _log_diffs(a, b)[:n]
+        check = primary[claim].sign_flip
+        level = 2 * scipy_stats.t.sf(design.boundaries[n // 3 - 1], n - 1)
+        p = scipy_stats.permutation_test(
+            (diffs,), np.mean, permutation_type="samples", n_resamples=np.inf, vectorized=True
+        ).pvalue
+        assert check.p == pytest.approx(p) and check.adjusted is None and f"p <= {level:.2g}" in check.needs
+        assert check.rejects == (p <= level)
+    # base > vanilla holds at n = 9 (|t| 6.58): 9 of 9 signs alike, p = 2 / 2^9 = 0.0039, above the
+    # look's 0.0037: no sign-flip test on 9 pairs can reject there
+    holds = primary["base_worse_than_vanilla"].sign_flip
+    assert holds.t_rejects and not holds.rejects and not holds.can_reject and holds.p == pytest.approx(2 / 512)
+    futile = primary["mesh_below_anchor"].sign_flip  # stopped futile at n = 6: neither rejects
+    assert not futile.t_rejects and not futile.rejects and not futile.disagree
+    text = (folder / "claims.md").read_text()
+    assert (
+        "the design's t bound rejects Δ = 0 (|t| 6.58 vs 4.06); the sign-flip test cannot reject with 9 pairs "
+        "(sign-flip p = 0.0039, the smallest its pairs allow; needs p <= 0.0037, the level of stage 3's bound (n=9))"
+    ) in text
+
+
+def test_docs_seeds_quotes_the_looks_levels_the_check_uses():
+    text = " ".join((Path(__file__).parents[1] / "docs/seeds.md").read_text().split())
+    design = Design(claims=4)
+    six, nine = (2 * scipy_stats.t.sf(design.boundaries[k], n - 1) for k, n in ((1, 6), (2, 9)))
+    assert f"{six:.2g} at n = 6 and {nine:.2g} at n = 9 for stage B's share" in text
+    assert "0.031 at n = 6 and 0.0039 at n = 9" in text and pytest.approx(0.031, abs=5e-4) == 2 / 2**6
+    assert f"with |t| 6.58 against {design.boundaries[2]:.2f}" in text

@@ -160,7 +160,14 @@ def _pairwise(evaluations: list[Evaluation]) -> list[str]:
         lines.append(
             "| " + " | ".join([markdown_escape(e.block or "—"), _metric(e), row, row_stat, *numbers, verdict]) + " |"
         )
-    return lines
+    disagreements = [_sign_flip_line(e) for e in evaluations if e.sign_flip is not None and e.sign_flip.disagree]
+    return lines + (["", *disagreements] if disagreements else [])
+
+
+def _sign_flip_line(e: Evaluation) -> str:
+    """Where the sign-flip test and the t-test part: which rows, and both sides in words."""
+    where = markdown_escape(e.block or "these runs")
+    return f"* **Sign-flip check disagrees** ({where}, {_metric(e)}, {_rows_text(e)}): {e.sign_flip.text}."
 
 
 def _best_of(evaluations: list[Evaluation]) -> list[str]:
@@ -190,6 +197,8 @@ def _best_of(evaluations: list[Evaluation]) -> list[str]:
             cells = [code_span(x.other.label), _stat(x.other, e.metric), *_numbers(e, x), format_p(x.comparison.p)]
             cells += [format_p(x.p_holm), x.comparison.test, x.verdict]
             lines.append("  | " + " | ".join(cells) + " |")
+        if e.sign_flip is not None and e.sign_flip.disagree:
+            lines += ["", "  " + _sign_flip_line(e)]
         lines.append("")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
@@ -215,6 +224,34 @@ def _fragile_banner(evaluations: Sequence[Evaluation]) -> list[str]:
         f"> **Fewer than {FRAGILE_N} seeds** in {len(fragile)} of {len(evaluations)} evaluations (marked "
         "*fragile*): with n = 2 the t-test has one degree of freedom, its CI is very wide and one seed "
         "decides the sign. Read those verdicts as provisional.",
+    ]
+
+
+def sign_flip_lines(evaluations: Sequence[Evaluation]) -> list[str]:
+    """The header's account of the sign-flip check: what it is, and on how many verdicts it parts."""
+    checked = [e for e in evaluations if e.sign_flip is not None]
+    if not checked:
+        return []
+    parted = [e for e in checked if e.sign_flip.disagree]
+    unreachable = [e for e in parted if not e.sign_flip.rejects and not e.sign_flip.can_reject]
+    outcome = (
+        f"it agrees on all {len(checked)}"
+        if not parted
+        else f"it disagrees on {len(parted)} of {len(checked)}, each said under its claim as *Sign-flip check "
+        "disagrees*"
+        + (
+            f" ({len(unreachable)} where the t-test rejects with too few pairs for the sign-flip test to reject "
+            "at all: those rejections rest on normal per-seed differences)"
+            if unreachable
+            else ""
+        )
+    )
+    return [
+        "* **Sign-flip check** (docs/seeds.md, *When the seeds are not normal*): each"
+        " verdict that rests on paired t-tests has its test of Δ = 0 taken again by the "
+        "exact sign-flip permutation test of the same per-seed differences, which assumes symmetric "
+        "differences, not normal ones, at the level the verdict used (its p in the t-test's place in the same "
+        f"Holm / BH family; under the `seeds=auto` design, the level of the deciding look's bound): {outcome}."
     ]
 
 
@@ -311,6 +348,7 @@ def render_claims(
             else []
         ),
         *family_lines(declared, folder_name),
+        *sign_flip_lines(evaluations),
         *_fragile_banner(evaluations),
         "",
         "## Summary",

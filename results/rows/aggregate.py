@@ -26,6 +26,7 @@ from mesh_model.scheme_names import PAPER_SCHEMES
 from results.rows.frame import NONFINITE, RUN_COLUMNS, grouping_params, overrides_label, validation_sets
 from results.rows.paper import PaperRow, PaperValue, paper_values
 from results.stats.comparison import Comparison, compare, is_ppl
+from results.stats.permutation import paired_differences
 
 NOT_METRICS = {*RUN_COLUMNS, "main_set"}
 NONFINITE_MARK = "[non-finite loss]"  # in the label of the row of runs trained past a non-finite loss
@@ -174,9 +175,20 @@ class Row:
         ours, theirs = self.stats.get(metric), other.stats.get(metric)
         if ours is None or theirs is None:
             return None
+        return compare(*self._samples(other, metric))
+
+    def paired_differences(self, other: Row, metric: str) -> list[float] | None:
+        """The per-seed differences (this - other) that :meth:`compare` pairs, in seed order (a PPL on
+        the log scale); None where it does not pair them (Welch) or either row lacks ``metric``."""
+        if metric not in self.stats or metric not in other.stats:
+            return None
+        return paired_differences(*self._samples(other, metric))
+
+    def _samples(self, other: Row, metric: str) -> tuple[Any, Any]:
+        ours, theirs = self.stats[metric], other.stats[metric]
         if is_ppl(metric) and min(ours.values + theirs.values) > 0:
-            return compare(_log(ours.sample), _log(theirs.sample))
-        return compare(ours.sample, theirs.sample)
+            return _log(ours.sample), _log(theirs.sample)
+        return ours.sample, theirs.sample
 
 
 @dataclass

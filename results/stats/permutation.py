@@ -161,7 +161,7 @@ class Crosscheck:
         return self.t_rejects != self.permutation_rejects
 
 
-def _pairs(a: Sample, b: Sample) -> list[float] | None:
+def paired_differences(a: Sample, b: Sample) -> list[float] | None:
     """The per-seed differences a - b where compare() pairs (both ``{seed: value}``, the same seeds
     or at least ``MIN_COMMON`` common, two or more pairs), in its order (sorted seeds); else None."""
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
@@ -177,7 +177,7 @@ def crosscheck(a: Sample, b: Sample, alpha: float = ALPHA, **test: int) -> Cross
     same pairs; None when compare() does not pair them (Welch: no pairs to flip). A t-test that
     has no spread to scale by is untested (``t.p`` None) and does not reject. ``test`` goes to
     :func:`sign_flip_test` (``exact_max``, ``resamples``, ``seed``)."""
-    diffs = _pairs(a, b)
+    diffs = paired_differences(a, b)
     if diffs is None:
         return None
     return Crosscheck(alpha, compare(a, b), sign_flip_test(diffs, **test))
@@ -202,6 +202,7 @@ __all__ = [
     "crosscheck",
     "crosscheck_diffs",
     "null_sums",
+    "paired_differences",
     "sign_flip_pvalues",
     "sign_flip_test",
 ]

@@ -84,6 +84,7 @@ class Evaluation:
     fixed_verdict: str = ""  # under a sequential design: the fixed-n verdict, shown as a secondary view
     role: str = ""  # "confirmatory" | "replication" | "second reading" where a reproduction declares its family
     sequential: Any = None  # results.verdicts.sequential.Verdict: the design's decision, when it made this verdict
+    sign_flip: Any = None  # results.verdicts.sign_flip.Check: the same test of Δ = 0 without normality
 
     @property
     def family(self) -> str:

@@ -1,7 +1,9 @@
 """The claims decided once per report: the verdict engine run on the rows, the ``seeds=auto`` design's
 decisions put in place of the fixed-n verdicts of the claims it decided, the confirmatory roles
-marked, and (with the curves) each verdict followed along training. Every renderer reads this
-one :class:`~results.verdicts.claims.Decided`; none of them evaluates again."""
+marked, each paired verdict's test of Δ = 0 taken again by the sign-flip test
+(:mod:`results.verdicts.sign_flip`), and (with the curves) each verdict followed along training.
+Every renderer reads this one :class:`~results.verdicts.claims.Decided`; none of them evaluates
+again."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from results.verdicts.engine import evaluate
 from results.verdicts.over_training import Trajectory, _key, common_steps, describe, results_at_step
 from results.verdicts.schema import load_claims
 from results.verdicts.sequential import DesignRecord, apply_design, apply_roles
+from results.verdicts.sign_flip import check as check_sign_flip
 
 
 def decide(
@@ -35,6 +38,7 @@ def decide(
     if design is not None:
         apply_design(evaluations, design)
     apply_roles(evaluations, declared, folder_name)
+    check_sign_flip(evaluations, claims.alpha)
     trajectories: Sequence[Trajectory] = ()
     if curves is not None:
         trajectories = claims_over_training(results, curves, evaluations, claims)

@@ -4,6 +4,7 @@ report, by :func:`results.verdicts.decide.decide` (and by ``seeds=auto`` at each
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from results.rows.aggregate import Results, Row
@@ -108,13 +109,21 @@ def _evaluate_row(claim: Claim, block: str, row: Row, others: list[Row], metric:
     return [Evaluation(claim, block, metric, row, NOT_TESTED, "", lines, p=_best_of_p(lines, claim.expect))]
 
 
+FAMILIES = {"primary": holm, "secondary": benjamini_hochberg}  # each family's adjustment of its p-values
+
+
+def family_members(evaluations: Sequence[Evaluation], family: str) -> list[Evaluation]:
+    """The evaluations whose p enters ``family``'s adjustment, in the order it adjusts them."""
+    return [e for e in evaluations if e.family == family and e.p is not None]
+
+
 def decide(evaluations: list[Evaluation], alpha: float = ALPHA) -> None:
     """Adjust the p-values of the tested evaluations across their family (Holm over the primary
     claims, Benjamini-Hochberg over the secondary ones and every ``also`` metric), then give each
     its verdict on the adjusted p."""
-    for family, adjust in (("primary", holm), ("secondary", benjamini_hochberg)):
-        members = [(e, e.p) for e in evaluations if e.family == family and e.p is not None]
-        for (evaluation, _), p in zip(members, adjust([p for _, p in members]), strict=True):
+    for family, adjust in FAMILIES.items():
+        members = family_members(evaluations, family)
+        for evaluation, p in zip(members, adjust([float(e.p) for e in members]), strict=True):  # type: ignore[arg-type]
             evaluation.p_adjusted = p
             evaluation.level = alpha / len(members) if family == "primary" else alpha
     for e in evaluations:
