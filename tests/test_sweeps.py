@@ -66,6 +66,8 @@ EXPECTED_GRIDS = {
         "arm": ["base", "anchor", "anchor_emb", "mesh", "mesh_residual_read"],
         "seed": ["300", "301", "302"],
     },
+    "schemes_relr": {"scheme": ["vanilla", "base", "anchor", "anchor_emb", "mesh"]},
+    "z_loss_lr": {"arm": ["mesh_z_loss", "base"], "seed": ["500", "501", "502", "503", "504", "505"]},
     "mesh_open_choices": {
         "arm": [
             "mesh",
@@ -255,7 +257,7 @@ def test_bad_sweep_requests_answer_in_one_line(capsys, tmp_path):
     )
     assert main(["schemez"]) == 2  # a typo gets the closest name first
     assert capsys.readouterr().err.startswith(
-        "error: sweep='schemez' is invalid: did you mean 'schemes'? known sweeps: "
+        "error: sweep='schemez' is invalid: did you mean 'schemes' or 'schemes_relr'? known sweeps: "
     )
     assert main(["schemes", "launcher=slurmx", "--dry-run"]) == 2
     assert (

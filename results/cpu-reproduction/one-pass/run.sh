@@ -27,7 +27,10 @@
 #            runs live in $DEPTH_RUNS (runs/depth); `depth-report` adds them to depth/ (mesh-results
 #            --add: a study run in parts, docs/depth.md).
 #   schemes-relr  the schemes grid again at the LRs the disjoint-seed sweep chose, every arm on MeSH's
-#            seeds, and the z-loss arm at both of its LRs on the same seeds (declared below, before it ran)
+#            seeds, and the z-loss arm at both of its LRs on the same seeds (sweeps/conf/sweep/schemes_relr.yaml
+#            and z_loss_lr.yaml: arms, seeds from 500 and the rules, declared before it ran); its runs
+#            live in $RUNS; schemes-relr-report writes schemes_relr/, z_loss_lr/ (and its decision.md)
+#            and the trend again with the point at the re-chosen LRs
 #   size-tokens  MeSH vs anchor and base at more tokens (tiny, the whole docs split) and at a larger size
 #            (mini, 5.1M tokens): sweeps/conf/sweep/size_tokens.yaml (arms, seeds 300-302 and the rule,
 #            declared before it ran); its runs live in $SIZE_RUNS (runs/size_tokens), one grid a point;
@@ -157,24 +160,20 @@ for stage in "${STAGES[@]}"; do
       .venv/bin/mesh-results depth --runs-dir "$DEPTH_RUNS" --out "$OUT/depth" --add || echo "run.sh: no depth report (has its stage run?)" >&2
       ;;
     schemes-relr)
-      # Declared 2026-12-06, before it ran (issue 49 part 3, the confounds). The LRs: those the LR sweep
-      # on disjoint seeds (lr-disjoint above, seeds 20-21) chose by its declared rule, best mean val PPL
-      # at step 625 and, where best and runner-up are within noise, the lower (one-pass/lr_disjoint/
-      # lr.csv): vanilla 4e-3, base 4e-3, anchor 4e-3, anchor_emb 4e-3, MeSH 8e-3; the schemes grid ran
-      # anchor and anchor_emb at 8e-3 and MeSH at 4e-3, chosen on seeds 0-1, which it reused. Seeds:
-      # seeds=auto from seed 500 (disjoint from every earlier grid's), stages of 3, cap 12, the four
-      # primary claims, O'Brien-Fleming, one-sided futility, as the schemes grid; seeds.every_arm=true
-      # keeps anchor and anchor_emb on every seed MeSH runs. Then the z-loss arm at its stage-A LR
-      # (4e-3) and its re-tuned LR (8e-3), with base, on seeds 500-505, so that the routers' collapse
-      # and the LR are told apart: per seed, the coda input's coefficient of f_K and the PPL at each LR.
-      sweep schemes scheme=vanilla,base,anchor,anchor_emb,mesh seeds=auto seeds.first=500 seeds.max=12 \
-        seeds.every_arm=true "${FULL[@]}" +optim.lr_by_scheme.vanilla=0.004 +optim.lr_by_scheme.base=0.004 \
-        +optim.lr_by_scheme.anchor=0.004 +optim.lr_by_scheme.anchor_emb=0.004 +optim.lr_by_scheme.mesh=0.008 \
-        optim.lr=0.004 tracking.experiment=onepass_schemes_relr
-      sweep mesh_open_choices arm=mesh_z_loss,base "seeds=[500,501,502,503,504,505]" "${FULL[@]}" \
-        +optim.lr_by_scheme.mesh=0.004 +optim.lr_by_scheme.base=0.004 tracking.experiment=onepass_z_loss_lr
-      sweep mesh_open_choices arm=mesh_z_loss "seeds=[500,501,502,503,504,505]" "${FULL[@]}" \
-        +optim.lr_by_scheme.mesh=0.008 +optim.lr_by_scheme.base=0.004 tracking.experiment=onepass_z_loss_lr
+      # Declared before it ran (2026-12-06 here, moved unchanged to the two sweep files 2026-12-07, the
+      # z-loss rule written out): sweeps/conf/sweep/schemes_relr.yaml (the schemes grid at the LRs the
+      # disjoint-seed sweep chose, seeds=auto from seed 500, every arm on MeSH's seeds) and
+      # sweeps/conf/sweep/z_loss_lr.yaml (the z-loss arm at 4e-3 and 8e-3 with base, seeds 500-505).
+      sweep schemes_relr seeds=auto seeds.first=500 seeds.max=12 seeds.every_arm=true "${FULL[@]}" \
+        tracking.experiment=onepass_schemes_relr
+      sweep z_loss_lr "${FULL[@]}" tracking.experiment=onepass_z_loss_lr
+      sweep z_loss_lr arm=mesh_z_loss ++optim.lr_by_scheme.mesh=0.008 "${FULL[@]}" tracking.experiment=onepass_z_loss_lr
+      ;;
+    schemes-relr-report)
+      report schemes_relr onepass_schemes_relr
+      report z_loss_lr onepass_z_loss_lr \
+        && .venv/bin/python "$OUT/z_loss_lr.py" "$OUT/z_loss_lr" >/dev/null  # the declared rule: decision.md
+      bash "$0" size-tokens-report  # the trend again, with the point at the re-chosen LRs
       ;;
     size-tokens)
       for point in "${SIZE_POINTS[@]}"; do
@@ -195,6 +194,9 @@ for stage in "${STAGES[@]}"; do
           echo "run.sh: no $preset point yet (has size-tokens run it?)" >&2
         fi
       done
+      if [ -f "$OUT/schemes_relr/runs.csv" ]; then  # run.sh schemes-relr-report
+        TREND+=(--point "tiny, 5.1M tokens, re-chosen LRs=$OUT/schemes_relr")
+      fi
       .venv/bin/python -m results.commands.trend "$OUT/size_tokens" "${TREND[@]}"
       ;;
     size-tokens-plan)
@@ -220,7 +222,7 @@ for stage in "${STAGES[@]}"; do
         && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, size-tokens, size-tokens-plan, size-tokens-report, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, schemes-relr-report, size-tokens, size-tokens-plan, size-tokens-report, plan or report" >&2
       exit 2
       ;;
   esac
