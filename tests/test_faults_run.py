@@ -341,7 +341,11 @@ def test_sigterm_to_every_ddp_rank_stops_them_at_one_step_and_the_run_resumes_on
 def test_the_same_run_started_twice_is_refused_naming_the_holder(tmp_path):
     first = start(tmp_path)
     wait_for(tmp_path, "mlflow_run_id", first)
-    second = run(tmp_path)
+    first.send_signal(signal.SIGSTOP)  # held still: on a loaded machine 40 steps end before a start
+    try:
+        second = run(tmp_path)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert second.returncode == 2
     assert second.stderr.splitlines() == [
         f"error: run {run_dir(tmp_path)} is in use by PID {first.pid} (the same run started twice); "

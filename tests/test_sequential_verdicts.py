@@ -186,6 +186,10 @@ def test_the_sign_flip_check_takes_each_decision_again_at_its_looks_level(rebuil
         "the design's t bound rejects Δ = 0 (|t| 6.58 vs 4.06); the sign-flip test cannot reject with 9 pairs "
         "(sign-flip p = 0.0039, the smallest its pairs allow; needs p <= 0.0037, the level of stage 3's bound (n=9))"
     ) in text
+    checked = sum(e.sign_flip is not None for e in primary.values())
+    report = (folder / "report.md").read_text()  # the report's claims section says it too, and where
+    assert "each said under its claim in [claims.md](claims.md) as *Sign-flip check disagrees*" in report
+    assert checked == 4 and "| **disagrees**: cannot reject with 9 pairs |" in report
 
 
 def test_docs_seeds_quotes_the_looks_levels_the_check_uses():

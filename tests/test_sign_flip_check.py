@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
-from test_claims import runs_frame
+from test_claims import _summary, runs_frame
 
 from results.render.claims_md import write_claims
 from results.rows.aggregate import aggregate
@@ -100,6 +100,9 @@ def test_claims_md_says_where_the_two_part(decided):
     )
     assert f"the t-test does not reject Δ = 0 (adjusted p = {tiny.p_adjusted:.3f})" in line
     assert not any("Sign-flip check disagrees" in x and "mini" in x and "vs `base" in x for x in text.splitlines())
+    summary = {(r["claim"], r["block"].split(",")[0]): r for r in _summary(text)}  # the summary's own column
+    assert summary[("`mesh_below_base`", "tiny")]["sign-flip check"] == "**disagrees**: rejects"
+    assert summary[("`mesh_below_base`", "mini")]["sign-flip check"] == "agrees"
 
 
 def test_with_three_seeds_a_t_rejection_rests_on_normality_and_the_report_says_so(tmp_path):
@@ -113,4 +116,5 @@ def test_with_three_seeds_a_t_rejection_rests_on_normality_and_the_report_says_s
         assert e.sign_flip.p >= 0.25
     assert f"({len(rejected)} where the t-test rejects with too few pairs" in text
     assert "the sign-flip test cannot reject with 3 pairs" in text
+    assert "| **disagrees**: cannot reject with 3 pairs |" in text
     assert "this rejection rests on normal per-seed differences" in text

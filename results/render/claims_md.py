@@ -117,12 +117,27 @@ def _rows_text(evaluation: Evaluation) -> str:
 
 
 def summary_table(evaluations: Sequence[Evaluation]) -> list[str]:
-    """One line per evaluation: claim, block, rows, metric, verdict."""
-    lines = ["| claim | block | rows | metric | verdict |", "|---|---|---|---|---|"]
+    """One line per evaluation: claim, block, rows, metric, verdict, and the sign-flip check's word."""
+    lines = ["| claim | block | rows | metric | verdict | sign-flip check |", "|---|---|---|---|---|---|"]
     for e in evaluations:
         cells = [code_span(e.claim.id), markdown_escape(e.block or "—"), _rows_text(e), _metric(e), e.verdict_text]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([*cells, _sign_flip_word(e)]) + " |")
     return lines
+
+
+def _sign_flip_word(e: Evaluation) -> str:
+    check = e.sign_flip
+    if check is None:
+        return "—"
+    if not check.disagree:
+        return "agrees"
+    if check.rejects:
+        return "**disagrees**: rejects"
+    return (
+        f"**disagrees**: cannot reject with {check.n} pairs"
+        if not check.can_reject
+        else "**disagrees**: does not reject"
+    )
 
 
 def _reason(evaluation: Evaluation) -> str:
@@ -227,8 +242,9 @@ def _fragile_banner(evaluations: Sequence[Evaluation]) -> list[str]:
     ]
 
 
-def sign_flip_lines(evaluations: Sequence[Evaluation]) -> list[str]:
-    """The header's account of the sign-flip check: what it is, and on how many verdicts it parts."""
+def sign_flip_lines(evaluations: Sequence[Evaluation], where: str = "under its claim") -> list[str]:
+    """The header's account of the sign-flip check: what it is, and on how many verdicts it parts
+    (``where``: where each disagreement is said)."""
     checked = [e for e in evaluations if e.sign_flip is not None]
     if not checked:
         return []
@@ -237,8 +253,7 @@ def sign_flip_lines(evaluations: Sequence[Evaluation]) -> list[str]:
     outcome = (
         f"it agrees on all {len(checked)}"
         if not parted
-        else f"it disagrees on {len(parted)} of {len(checked)}, each said under its claim as *Sign-flip check "
-        "disagrees*"
+        else f"it disagrees on {len(parted)} of {len(checked)}, each said {where} as *Sign-flip check disagrees*"
         + (
             f" ({len(unreachable)} where the t-test rejects with too few pairs for the sign-flip test to reject "
             "at all: those rejections rest on normal per-seed differences)"
@@ -403,4 +418,4 @@ def write_claims(
     return path
 
 
-__all__ = ["FILE", "render_claims", "summary_table", "write_claims"]
+__all__ = ["FILE", "render_claims", "sign_flip_lines", "summary_table", "write_claims"]

@@ -12,7 +12,7 @@ import pandas as pd
 
 from results.render import formats as render
 from results.render import routing, tables
-from results.render.claims_md import family_lines, summary_table
+from results.render.claims_md import family_lines, sign_flip_lines, summary_table
 from results.render.design import design_lines
 from results.render.formats import markdown_escape
 from results.render.output import Output
@@ -373,6 +373,7 @@ def claims_section(output: Output, out: Path) -> list[str]:
         "",
         how + f" The rules and the numbers behind every verdict are in {link}.",
         *(["", *family_lines(output.declared, output.folder_name or out.name)] if output.declared else []),
+        *(["", *flips] if (flips := sign_flip_lines(output.evaluations, f"under its claim in {link}")) else []),
         "",
         *summary_table(output.evaluations),
     ]
