@@ -68,6 +68,7 @@ EXPECTED_GRIDS = {
     },
     "schemes_relr": {"scheme": ["vanilla", "base", "anchor", "anchor_emb", "mesh"]},
     "z_loss_lr": {"arm": ["mesh_z_loss", "base"], "seed": ["500", "501", "502", "503", "504", "505"]},
+    "size_lr": {"arm": ["anchor", "anchor_emb"], "seed": ["300", "301", "302"]},
     "mesh_open_choices": {
         "arm": [
             "mesh",

@@ -37,6 +37,9 @@
 #            size-tokens-plan prints each point's budget; size-tokens-report writes a report folder per
 #            point (size_tokens/tokens, size_tokens/size) and the trend against the schemes grid
 #            (size_tokens/trend.md, results.commands.trend), with the points that have run.
+#   size-lr  the size point's anchors at 4e-3 (their disjoint-seed LR) on its seeds, so every arm at
+#            mini is at one LR (sweeps/conf/sweep/size_lr.yaml: declared after the size point's anchors
+#            were seen, before any of its runs); its runs live in $SIZE_RUNS, experiment size_lr.
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
 DEPTH_RUNS="${DEPTH_RUNS:-runs/depth}"
@@ -182,6 +185,12 @@ for stage in "${STAGES[@]}"; do
         .venv/bin/mesh-sweep size_tokens $point "runs_dir=$SIZE_RUNS" || echo "run.sh: mesh-sweep size_tokens $point exited $?" >&2
       done
       ;;
+    size-lr)
+      # Declared before it ran (sweeps/conf/sweep/size_lr.yaml, 2026-12-07): the size point's anchors at
+      # the 4e-3 the disjoint-seed LR sweep chose, on the size point's seeds, so every arm at mini is at
+      # one LR; into the size point's store
+      .venv/bin/mesh-sweep size_lr "runs_dir=$SIZE_RUNS" || echo "run.sh: mesh-sweep size_lr exited $?" >&2
+      ;;
     size-tokens-report)
       TREND=(--reference "tiny, 5.1M tokens=$OUT/schemes,$OUT/open_choices_confirm@optim.lr_by_scheme.mesh=0.004"
              --point "replicate: tiny, 5.1M tokens, seeds 200-202=$OUT/depth@loops.distribution=fixed")
@@ -222,7 +231,7 @@ for stage in "${STAGES[@]}"; do
         && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, schemes-relr-report, size-tokens, size-tokens-plan, size-tokens-report, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, schemes-relr-report, size-tokens, size-lr, size-tokens-plan, size-tokens-report, plan or report" >&2
       exit 2
       ;;
   esac
