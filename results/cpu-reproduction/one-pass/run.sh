@@ -39,7 +39,9 @@
 #            (size_tokens/trend.md, results.commands.trend), with the points that have run.
 #   size-lr  the size point's anchors at 4e-3 (their disjoint-seed LR) on its seeds, so every arm at
 #            mini is at one LR (sweeps/conf/sweep/size_lr.yaml: declared after the size point's anchors
-#            were seen, before any of its runs); its runs live in $SIZE_RUNS, experiment size_lr.
+#            were seen, before any of its runs); its runs live in $SIZE_RUNS, experiment size_lr;
+#            size-lr-report writes size_tokens/size_one_lr (every arm at 4e-3), its decision.md
+#            (one-pass/size_lr.py, the declared rule) and the trend with that point.
 set -euo pipefail
 RUNS="${RUNS:-runs/one-pass}"
 DEPTH_RUNS="${DEPTH_RUNS:-runs/depth}"
@@ -191,6 +193,14 @@ for stage in "${STAGES[@]}"; do
       # one LR; into the size point's store
       .venv/bin/mesh-sweep size_lr "runs_dir=$SIZE_RUNS" || echo "run.sh: mesh-sweep size_lr exited $?" >&2
       ;;
+    size-lr-report)  # the point with every arm at 4e-3 (size_lr's anchors with the size point's other arms)
+      echo "+ mesh-results size_tokens,size_lr --out $OUT/size_tokens/size_one_lr" >&2
+      .venv/bin/mesh-results size_tokens,size_lr --runs-dir "$SIZE_RUNS" --out "$OUT/size_tokens/size_one_lr" \
+        --filter "params.model = 'mini' and params.peak_lr = '0.004'" \
+        && .venv/bin/python "$OUT/size_lr.py" "$OUT/size_tokens/size" "$OUT/size_tokens/size_one_lr" >/dev/null \
+        || echo "run.sh: no size_lr report (has size-lr run?)" >&2
+      bash "$0" size-tokens-report  # the trend again, with the point at one LR
+      ;;
     size-tokens-report)
       TREND=(--reference "tiny, 5.1M tokens=$OUT/schemes,$OUT/open_choices_confirm@optim.lr_by_scheme.mesh=0.004"
              --point "replicate: tiny, 5.1M tokens, seeds 200-202=$OUT/depth@loops.distribution=fixed")
@@ -203,6 +213,9 @@ for stage in "${STAGES[@]}"; do
           echo "run.sh: no $preset point yet (has size-tokens run it?)" >&2
         fi
       done
+      if [ -f "$OUT/size_tokens/size_one_lr/runs.csv" ]; then  # run.sh size-lr-report
+        TREND+=(--point "mini, 5.1M tokens, every arm at 4e-3=$OUT/size_tokens/size_one_lr")
+      fi
       if [ -f "$OUT/schemes_relr/runs.csv" ]; then  # run.sh schemes-relr-report
         TREND+=(--point "tiny, 5.1M tokens, re-chosen LRs=$OUT/schemes_relr")
       fi
@@ -231,7 +244,7 @@ for stage in "${STAGES[@]}"; do
         && .venv/bin/python "$OUT/open_choices.py" --confirmation "$OUT/open_choices_confirm" >/dev/null  # readouts.md
       ;;
     *)
-      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, schemes-relr-report, size-tokens, size-lr, size-tokens-plan, size-tokens-report, plan or report" >&2
+      echo "run.sh: stage '$stage' is unknown: use lr, lr-disjoint, schemes, k3, skip, screen, confirm, depth, depth-plan, depth-report, schemes-relr, schemes-relr-report, size-tokens, size-lr, size-lr-report, size-tokens-plan, size-tokens-report, plan or report" >&2
       exit 2
       ;;
   esac
