@@ -129,15 +129,7 @@ def _sign_flip_word(e: Evaluation) -> str:
     check = e.sign_flip
     if check is None:
         return "—"
-    if not check.disagree:
-        return "agrees"
-    if check.rejects:
-        return "**disagrees**: rejects"
-    return (
-        f"**disagrees**: cannot reject with {check.n} pairs"
-        if not check.can_reject
-        else "**disagrees**: does not reject"
-    )
+    return f"**disagrees**: {check.outcome}" if check.disagree else "agrees"
 
 
 def _reason(evaluation: Evaluation) -> str:

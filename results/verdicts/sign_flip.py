@@ -55,6 +55,13 @@ class Check:
         return self.t_rejects != self.rejects
 
     @property
+    def outcome(self) -> str:
+        """What the sign-flip test decided, in words: it rejects, it does not, or these pairs could not."""
+        if self.rejects:
+            return "rejects"
+        return "does not reject" if self.can_reject else f"cannot reject with {self.n} pairs"
+
+    @property
     def text(self) -> str:
         """The line a report prints where the two disagree."""
         if self.adjusted is not None:
@@ -62,13 +69,13 @@ class Check:
         else:  # beside a look's level, which can be small: two significant digits of each
             sign_flip = f"sign-flip p = {self.p:.2g}"
         if self.rejects:
-            return f"the sign-flip test rejects Δ = 0 ({sign_flip}; needs {self.needs}); {self.t_text}"
+            return f"the sign-flip test {self.outcome} Δ = 0 ({sign_flip}; needs {self.needs}); {self.t_text}"
         if not self.can_reject:
             return (
-                f"{self.t_text}; the sign-flip test cannot reject with {self.n} pairs ({sign_flip}, the smallest "
+                f"{self.t_text}; the sign-flip test {self.outcome} ({sign_flip}, the smallest "
                 f"its pairs allow; needs {self.needs}): this rejection rests on normal per-seed differences"
             )
-        return f"{self.t_text}; the sign-flip test does not reject ({sign_flip}; needs {self.needs})"
+        return f"{self.t_text}; the sign-flip test {self.outcome} ({sign_flip}; needs {self.needs})"
 
 
 def _line_tests(evaluation: Evaluation) -> list[SignFlip] | None:
