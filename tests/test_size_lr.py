@@ -111,5 +111,6 @@ def test_a_folder_with_both_lrs_of_an_arm_is_refused_in_one_line(tmp_path, capsy
     both.to_csv(mixed / "runs.csv", index=False)
     assert size_lr.main([str(high), str(mixed)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: {mixed}: arm anchor has two runs of seed 300; give one LR a folder"
+        f"error: {mixed}: arm anchor has 2 runs of seed 300; give a folder with one run per arm and seed "
+        "(mesh-results --filter)"
     ]

@@ -58,7 +58,7 @@ def _compare_text(text: str) -> tuple[str, str]:
     return first, second
 
 
-def _runs(base: Path, text: str, flag: str) -> pd.DataFrame:
+def read_runs(base: Path, text: str, flag: str) -> pd.DataFrame:
     """The runs.csv of the folder ``text`` names (relative to ``base``), kept to the runs whose
     overrides hold every ``@KEY=VALUE`` after the folder's name."""
     folder, *tokens = text.split("@")
@@ -93,7 +93,7 @@ def build(spec: dict[str, Any], out: Path, base: Path) -> list[Path]:
     from results.verdicts.trend import Point, study
 
     def point(name: str, folders: Sequence[str], flag: str) -> Point:
-        return Point(name, tuple((f, _runs(base, f, flag)) for f in folders))
+        return Point(name, tuple((f, read_runs(base, f, flag)) for f in folders))
 
     name, folders = spec["reference"]
     reference = point(name, folders, "--reference")

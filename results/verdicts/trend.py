@@ -75,7 +75,7 @@ class Trend:
         return CLOSES if self.change.high < 0 else WIDENS if self.change.low > 0 else NO_CHANGE
 
 
-def _final_losses(frame: pd.DataFrame, arm: ArmSpec, folder: str) -> pd.Series:
+def final_losses(frame: pd.DataFrame, arm: ArmSpec, folder: str) -> pd.Series:
     """Each seed's final validation loss of ``arm``'s run; an error where a seed has two runs of the
     arm (the folder's runs differ in something the arm does not name: the loop rule, an LR)."""
     runs = arm_runs(frame, arm)
@@ -97,7 +97,7 @@ def gap(point: Point, first: ArmSpec, second: ArmSpec) -> Gap:
     """``first`` minus ``second`` on the seeds both ran, in the first of the point's folders where
     they share at least one seed."""
     for folder, frame in point.folders:
-        a, b = _final_losses(frame, first, folder), _final_losses(frame, second, folder)
+        a, b = final_losses(frame, first, folder), final_losses(frame, second, folder)
         seeds = sorted(set(a.index) & set(b.index))
         if seeds:
             deltas = tuple(float(a[s] - b[s]) for s in seeds)
@@ -146,6 +146,7 @@ __all__ = [
     "Point",
     "Trend",
     "TrendStudy",
+    "final_losses",
     "gap",
     "study",
     "trend",

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
-from results.rows.arms import ArmSpec, arm_runs, arm_spec
+from results.commands.trend import read_runs
+from results.rows.arms import ArmSpec, arm_spec
 from results.stats.shape import MeanInterval, t_interval
+from results.verdicts.trend import Point, final_losses, gap
 
 ANCHORS = ("anchor", "anchor_emb")
 MESH_ARMS = ("mesh", "mesh_residual_read")
@@ -58,34 +58,15 @@ class LrChange:
         return NOT_SEPARATED
 
 
-def read_runs(folder: Path) -> pd.DataFrame:
-    """A report folder's runs.csv, its seeds and final losses as numbers."""
-    frame = pd.read_csv(folder / "runs.csv", dtype={"overrides": str, "status": str}, keep_default_na=False)
-    frame["val_loss"] = pd.to_numeric(frame["val_loss"].replace("", None), errors="coerce")
-    frame["seed"] = pd.to_numeric(frame["seed"].replace("", None), errors="coerce")
-    return frame[frame["seed"].notna()]
-
-
-def final_losses(frame: pd.DataFrame, arm: ArmSpec, folder: Path) -> dict[int, float]:
-    """Seed -> the final validation loss of ``arm``'s run; an error where a seed has two."""
-    runs = arm_runs(frame, arm)
-    losses: dict[int, float] = {}
-    for seed, loss in zip(runs["seed"].astype(int), runs["val_loss"].astype(float), strict=True):
-        if seed in losses:
-            raise ValueError(f"{folder}: arm {arm.name} has two runs of seed {seed}; give one LR a folder")
-        losses[seed] = loss
-    return losses
-
-
-def paired(first: dict[int, float], second: dict[int, float]) -> tuple[tuple[int, ...], MeanInterval]:
-    seeds = tuple(sorted(set(first) & set(second)))
-    return seeds, t_interval([first[s] - second[s] for s in seeds])
-
-
-def lr_change(high: pd.DataFrame, low: pd.DataFrame, arm: ArmSpec, folders: tuple[Path, Path]) -> LrChange:
-    at_high, at_low = final_losses(high, arm, folders[0]), final_losses(low, arm, folders[1])
-    seeds, interval = paired(at_low, at_high)
-    return LrChange(arm.name, seeds, tuple(at_high[s] for s in seeds), tuple(at_low[s] for s in seeds), interval)
+def lr_change(high: Point, low: Point, arm: ArmSpec) -> LrChange:
+    """``arm`` at 4e-3 (``low``'s folder) minus at 8e-3 (``high``'s), paired by seed."""
+    (high_folder, high_runs), (low_folder, low_runs) = high.folders[0], low.folders[0]
+    at_high, at_low = final_losses(high_runs, arm, high_folder), final_losses(low_runs, arm, low_folder)
+    seeds = tuple(sorted(set(at_high.index) & set(at_low.index)))
+    deltas = [float(at_low[s] - at_high[s]) for s in seeds]
+    return LrChange(
+        arm.name, seeds, tuple(at_high[s] for s in seeds), tuple(at_low[s] for s in seeds), t_interval(deltas)
+    )
 
 
 def _gap_text(seeds: Sequence[int], interval: MeanInterval) -> str:
@@ -131,21 +112,24 @@ def render(changes: Sequence[LrChange], gaps: Sequence[tuple[str, str, str]], fo
 
 def decide(high_folder: Path, low_folder: Path) -> str:
     """decision.md's text for the two folders."""
-    folders = (high_folder, low_folder)
-    high, low = read_runs(high_folder), read_runs(low_folder)
+    high, low = (
+        Point(name, ((str(folder), read_runs(Path("."), str(folder), name)),))
+        for name, folder in (("at_8e3", high_folder), ("at_4e3", low_folder))
+    )
     arms = {name: arm_spec(name) for name in {*ANCHORS, *MESH_ARMS, *OTHERS}}
-    changes = [lr_change(high, low, arms[name], folders) for name in ANCHORS]
+    changes = [lr_change(high, low, arms[name]) for name in ANCHORS]
     gaps = []
     for first in MESH_ARMS:
         for second in OTHERS:
-            texts = []
-            for frame, folder in ((low, low_folder), (high, high_folder)):
-                seeds, interval = paired(
-                    final_losses(frame, arms[first], folder), final_losses(frame, arms[second], folder)
+            at_one, declared = (gap(point, arms[first], arms[second]) for point in (low, high))
+            gaps.append(
+                (
+                    f"{first} - {second}",
+                    _gap_text(at_one.seeds, at_one.interval),
+                    _gap_text(declared.seeds, declared.interval),
                 )
-                texts.append(_gap_text(seeds, interval))
-            gaps.append((f"{first} - {second}", *texts))
-    return render(changes, gaps, folders)
+            )
+    return render(changes, gaps, (high_folder, low_folder))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
