@@ -84,9 +84,11 @@ def test_main_job_runs_the_schemes_grid_and_writes_table_and_report(tmp_path, ca
     # The report links it.
     claims = (out / "claims.md").read_text()
     verdicts: dict[str, set[str]] = {}
-    for line in claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]:
+    summary = claims.split("## Summary\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    verdict_column = [c.strip() for c in summary[0].strip("|").split("|")].index("verdict")
+    for line in summary[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        verdicts.setdefault(cells[0].strip("`"), set()).add(cells[-1].split(",")[0].split(" (")[0])
+        verdicts.setdefault(cells[0].strip("`"), set()).add(cells[verdict_column].split(",")[0].split(" (")[0])
     tested = {"holds", "equivalent", "inconclusive", "contradicted"}
     untestable = ("buffer_k_plus_3_best", "moe_mesh_short_of_vanilla")  # one B; no mixture of experts
     assert all(verdicts[claim] == {"not tested"} for claim in untestable)
