@@ -41,13 +41,15 @@ screenshots: setup
 
 # Every committed report under results/cpu-reproduction/ written again, whole, from the data it keeps
 # (runs.csv, curves.csv, routing.csv, report.json: no store), then the open-choices study's decision.md
-# and readouts.md from the same folders, and last the pages that quote them (README.template.md ->
-# README.md, results/publish/quotes.py). tests/test_committed_reports.py and tests/test_quotes.py check
-# the result is what is committed.
+# and readouts.md and the size point's decision.md at one LR from the same folders, and last the pages
+# that quote them (README.template.md -> README.md, results/publish/quotes.py).
+# tests/test_committed_reports.py, tests/test_size_lr.py and tests/test_quotes.py check the result is
+# what is committed.
 reports: setup
 	$(PY) -m results.commands.reports
 	$(PY) results/cpu-reproduction/one-pass/open_choices.py results/cpu-reproduction/one-pass/open_choices
 	$(PY) results/cpu-reproduction/one-pass/open_choices.py --confirmation results/cpu-reproduction/one-pass/open_choices_confirm
+	$(PY) results/cpu-reproduction/one-pass/size_lr.py results/cpu-reproduction/one-pass/size_tokens/size results/cpu-reproduction/one-pass/size_tokens/size_one_lr > /dev/null
 	$(PY) -m results.commands.quotes
 
 check: setup

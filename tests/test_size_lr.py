@@ -114,3 +114,12 @@ def test_a_folder_with_both_lrs_of_an_arm_is_refused_in_one_line(tmp_path, capsy
         f"error: {mixed}: arm anchor has 2 runs of seed 300; give a folder with one run per arm and seed "
         "(mesh-results --filter)"
     ]
+
+
+def test_the_committed_decision_is_what_the_committed_folders_give(monkeypatch):
+    # The reproduction README quotes decision.md: it must be the rule applied to the runs.csv files
+    # committed beside it (run.sh size-lr-report and make reports write it so), not a copy that drifts.
+    repo = _SCRIPT.parents[3]
+    monkeypatch.chdir(repo)  # the folders as run.sh names them, from the repository's root
+    high, low = (_SCRIPT.parent.relative_to(repo) / "size_tokens" / name for name in ("size", "size_one_lr"))
+    assert (low / "decision.md").read_text() == size_lr.decide(high, low)
