@@ -81,7 +81,8 @@ def render(changes: Sequence[LrChange], gaps: Sequence[tuple[str, str, str]], fo
     lines = [
         "# The size point's anchors at one LR: the declared reading",
         "",
-        "Declared in `sweeps/conf/sweep/size_lr.yaml` before its runs: per anchor arm, the paired Δ log PPL "
+        "Declared in `sweeps/conf/sweep/size_lr.yaml` before its runs (and after the size point's 8e-3 anchor "
+        "runs had been seen): per anchor arm, the paired Δ log PPL "
         "(final validation loss on docs) of the arm at 4e-3 minus at 8e-3 on the size point's seeds, 95% t "
         f'interval: below 0 "{WITH_LR}", above 0 "{NOT_WITH_LR}", else "{NOT_SEPARATED}"; fewer than '
         f"{SEEDS} seeds at both LRs: {NOT_READ}. Descriptive at 3 seeds.",
