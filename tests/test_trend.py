@@ -77,6 +77,19 @@ def test_the_declared_words_follow_the_intervals():
     assert Trend(_gap("p", 0, 0.1), empty, welch_interval([0.0, 0.1], [])).word == NO_REFERENCE
 
 
+def test_a_table_cell_gives_the_gap_and_its_n_once():
+    from results.render.trend import _cell
+    from results.verdicts.trend import TrendStudy
+
+    one = Gap("one", "mesh", "anchor", "f", (300,), (-0.02,), MeanInterval(1, -0.02, math.nan, math.nan, math.nan))
+    none = Gap("none", "mesh", "anchor", "", (), (), MeanInterval(0, math.nan, math.nan, math.nan, math.nan))
+    gaps = {(g.point, "mesh", "anchor"): g for g in (_gap("three", -0.2, 0.1), one, none)}
+    at = TrendStudy(Point("three", ()), (), (), gaps, ())
+    assert _cell(at, "three", "mesh", "anchor") == "-0.0500 [-0.2000, +0.1000] (n = 3)"
+    assert _cell(at, "one", "mesh", "anchor") == "-0.0200 (n = 1)"
+    assert _cell(at, "none", "mesh", "anchor") == "no runs"
+
+
 def test_an_arm_is_its_scheme_and_model_overrides_as_hydra_composes_them():
     assert arm_spec("mesh_residual_read") == ArmSpec(
         "mesh_residual_read", "mesh", frozenset({"model_overrides.mesh_final_read=residual"})

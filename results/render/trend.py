@@ -27,6 +27,8 @@ def _cell(study: TrendStudy, point: str, first: str, second: str) -> str:
     g = study.gaps[(point, first, second)]
     if g.interval.n == 0:
         return "no runs"
+    if g.interval.n < 2:  # its text says the n already
+        return g.interval.text()
     return f"{g.interval.text()} (n = {g.interval.n})"
 
 

@@ -72,8 +72,8 @@ def lr_change(high: Point, low: Point, arm: ArmSpec) -> LrChange:
 def _gap_text(seeds: Sequence[int], interval: MeanInterval) -> str:
     if not seeds:
         return "no runs"
-    if interval.n < 2:
-        return f"{interval.mean:+.4f} (n = {interval.n})"
+    if interval.n < 2:  # its text says the n already
+        return interval.text()
     return f"{interval.text()} (n = {interval.n}, {math.expm1(interval.mean) * 100:+.1f}% PPL)"
 
 
