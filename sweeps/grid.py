@@ -124,9 +124,18 @@ class AutoSeeds:
     budget_gpu_h: float | None = None
     first: int = 0  # the first seed: stages run first..first+max-1 (a confirmation grid on fresh seeds)
     every_arm: bool = False  # every arm runs every stage while a claim is open (the rows stay on the same seeds)
+    # A report folder (mesh-results --out) of this grid's earlier part, run in another store: its
+    # finished cells count at their looks and are not trained again (a grid run in parts).
+    earlier: str = ""
 
     def __post_init__(self) -> None:
         check_seed_stages(self.stage, self.max, self.alpha)
+        if self.earlier and not (Path(self.earlier) / "runs.csv").is_file():
+            raise ConfigError(
+                "seeds.earlier",
+                self.earlier,
+                "a report folder of this grid's earlier part (mesh-results --out) with its runs.csv",
+            )
         if self.spending not in SPENDING:
             raise ConfigError("seeds.spending", self.spending, " or ".join(SPENDING))
         if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
@@ -153,6 +162,7 @@ AUTO_KEYS: dict[str, Callable[[str], Any]] = {
     "budget_gpu_h": float,
     "first": int,
     "every_arm": _flag,
+    "earlier": str,
 }
 
 

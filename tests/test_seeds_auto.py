@@ -41,6 +41,7 @@ CELL = [
         (["seeds=auto", "seeds.first=-1"], "seeds.first=-1 is invalid: an integer >= 0"),
         (["seeds=auto", "seeds.first=x"], "seeds.first='x' is invalid: a int"),
         (["seeds=auto", "seeds.every_arm=yes"], "seeds.every_arm='yes' is invalid: true or false"),
+        (["seeds=auto", "seeds.earlier=/nowhere"], "seeds.earlier='/nowhere' is invalid: a report folder of this grid"),
         (["seeds=auto", "--detach"], "--detach does not go with seeds=auto: each stage is decided before the next"),
         (["seeds=auto", "scheme=mesh"], "seeds=auto='schemes' is invalid: a grid whose arms test a primary claim"),
     ],
@@ -172,6 +173,42 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
     )
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "from 4 finished paired seeds" in plan.stdout and "(measured run times)" in plan.stdout
+
+
+@pytest.mark.slow
+def test_a_grid_run_in_two_stores_carries_the_first_parts_runs_and_decides_as_one(tmp_path):
+    """A seeds=auto grid split across stores (a machine whose runs do not outlive it): the first
+    part stops after stage 1 (its budget), its report is the record; the second part, in a fresh
+    store with seeds.earlier=that report, trains none of stage 1's cells, takes the same stage-1
+    decision from them, trains stage 2 only and records both stages; --add joins the two reports."""
+    from results.pipeline import build_report
+
+    design = ["seeds=auto", "seeds.stage=2", "seeds.max=4", "seeds.futility=false", "scheme=base,mesh", *CELL]
+    first_part, second_part = tmp_path / "first", tmp_path / "second"
+    one = io.StringIO()
+    run_sweep("schemes", [*design, "seeds.budget_cpu_h=0.000001", f"runs_dir={first_part}"], out=one)
+    assert "seeds=auto stops: seeds.budget_cpu_h=" in one.getvalue() and "stage 2:" not in one.getvalue()
+    client = mlflow.MlflowClient(f"sqlite:///{first_part / 'mlflow.db'}")
+    folder = tmp_path / "report"
+    build_report("schemes", ["schemes"], client.tracking_uri, folder, publish_to_parents=False)
+    (stage1,) = [line for line in one.getvalue().splitlines() if line.startswith("mesh_below_base ")]
+
+    two = io.StringIO()
+    assert run_sweep("schemes", [*design, f"seeds.earlier={folder}", f"runs_dir={second_part}"], out=two) == 0
+    text = two.getvalue()
+    assert f"seeds.earlier: 4 finished run(s) of this grid in {folder / 'runs.csv'}" in text
+    assert "stage 1: seeds 0..1 on 2 arm(s)\n  4 of its 4 cells finished in the earlier part\n" in text
+    assert text.count("[mesh-sweep] schemes: 4 cells, 0 already finished, 4 to run") == 1  # stage 2 only
+    assert stage1 in text.split("stage 2:")[0]  # stage 1 decided from the carried runs, as the first part did
+    client, grids, children = parents(second_part)
+    assert sorted(r.data.params["seed"] for r in children) == ["2", "2", "3", "3"]
+    (recorded,) = [p for p in grids if "seeds_auto.stage2" in p.data.tags]
+    local = client.download_artifacts(recorded.info.run_id, "stages.json", str(tmp_path))
+    document = json.loads(Path(local).read_text())
+    assert [[v["n"] for v in s["verdicts"]] for s in document["stages"]] == [[2], [4]]
+    assert document["design"]["earlier"] == str(folder)
+    joined = build_report("schemes", ["schemes"], client.tracking_uri, folder, publish_to_parents=False, add=True)
+    assert sorted(joined.results.runs["seed"]) == ["0", "0", "1", "1", "2", "2", "3", "3"]
 
 
 def test_an_arm_with_mesh_only_settings_is_tested_against_base_and_a_stage_without_a_comparison_decides_nothing(

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,6 +32,7 @@ from mesh_model import ConfigError
 from results.rows import frame as rows_frame
 from results.rows.aggregate import aggregate
 from results.runs import store as collect
+from results.runs.committed import read_runs_csv
 from results.stats.comparison import seeds_needed
 from results.stats.sequential import (
     CONTINUE,
@@ -57,6 +59,10 @@ Arm = tuple[str, ...]  # a cell's overrides without its seed
 
 def arm_of(cell: Cell) -> Arm:
     return tuple(o for o in cell.overrides if not o.startswith("seed="))
+
+
+def seed_of(cell: Cell) -> int:
+    return next(int(o.removeprefix("seed=")) for o in cell.overrides if o.startswith("seed="))
 
 
 def grid_arms(name: str, rest: Sequence[str]) -> tuple[list[Cell], list[RunPlan], LaunchConfig]:
@@ -86,10 +92,19 @@ def untested_claims(primary: Sequence[str], verdicts: Sequence[Verdict]) -> list
     return [c for c in primary if c not in spoken]
 
 
-def read_stage(plans_by_hash: dict[str, tuple[Arm, int]], tracking_uri: str, experiment: str, claims: ClaimSet):
-    """The primary evaluations of the finished runs of this grid, and the frame of those runs."""
+def read_stage(
+    plans_by_hash: dict[str, tuple[Arm, int]],
+    tracking_uri: str,
+    experiment: str,
+    claims: ClaimSet,
+    earlier: pd.DataFrame | None = None,
+):
+    """The primary evaluations of the finished runs of this grid, and the frame of those runs; with
+    ``earlier`` (:func:`earlier_runs`), also the earlier part's runs of the cells this store lacks."""
     frame = finished_runs(tracking_uri, experiment)
     frame = frame[frame["config_hash"].isin(list(plans_by_hash)) & (frame["status"] == "FINISHED")]
+    if earlier is not None and not earlier.empty:
+        frame = with_earlier(frame, earlier[earlier["config_hash"].isin(list(plans_by_hash))])
     if frame.empty:
         return [], frame
     results = aggregate(frame)
@@ -108,6 +123,29 @@ def unsettled(hashes: Sequence[str], tracking_uri: str, experiment: str) -> list
     mine = frame[frame["config_hash"].isin(list(hashes))]
     settled = set(mine[mine["status"].isin(["FINISHED", rows_frame.NONFINITE])]["config_hash"])
     return sorted(set(mine[mine["status"] == "RUNNING"]["config_hash"]) - settled)
+
+
+def earlier_runs(folder: str, hashes: Sequence[str]) -> pd.DataFrame:
+    """The finished runs of this grid's cells (``hashes``) that an earlier part reported in
+    ``folder/runs.csv`` (``seeds.earlier``: a grid run in parts, each in its own store)."""
+    if not folder:
+        return pd.DataFrame(columns=["run_id", "config_hash", "status"])
+    frame = read_runs_csv(Path(folder) / "runs.csv")
+    return frame[frame["config_hash"].isin(list(hashes)) & (frame["status"] == "FINISHED")].reset_index(drop=True)
+
+
+def with_earlier(frame: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
+    """This store's runs and the earlier part's of the cells it lacks (by config hash), both in the
+    form ``runs.csv`` gives them (the store's written and read back as a report writes it), so the
+    rows group alike on both sides; a cell in both is this store's."""
+    if frame.empty:
+        return earlier
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "runs.csv"
+        rows_frame.runs_table(aggregate(frame).runs).to_csv(path, index=False)
+        mine = read_runs_csv(path)
+    rest = earlier[~earlier["config_hash"].isin(set(mine["config_hash"]))]
+    return pd.concat([rest, mine], ignore_index=True) if not rest.empty else mine
 
 
 def finished_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
@@ -163,7 +201,16 @@ def run_auto(
     }
     print(f"{name} seeds=auto: {len(arms)} arms, primary claims {', '.join(primary)}; {_design_text(design)}", file=out)
     print(f"seeds {first}..{first + auto.max - 1} (seeds.first={first})", file=out)
-    evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+    earlier = earlier_runs(auto.earlier, list(hashes))
+    carried = set(earlier["config_hash"])
+    if auto.earlier:
+        print(
+            f"seeds.earlier: {len(carried)} finished run(s) of this grid in {Path(auto.earlier) / 'runs.csv'} count "
+            "at their looks; their cells are not trained again",
+            file=out,
+        )
+    cell_hash = {(arm, s): h for h, (arm, s) in hashes.items()}
+    evaluations, _ = read_stage(hashes, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims, earlier)
     measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
     print("power at the cap, before spending:", file=out)
     for line in power_lines(claims, primary, measured, design):
@@ -171,16 +218,23 @@ def run_auto(
     if dry_run:
         return run_sweep(name, [*rest, _seeds_argument(range(first, first + auto.stage))], dry_run=True, out=out)
     needed, stages, spent_h, status = set(arms), [], 0.0, 0
+    ran_here: tuple[list[int], Callable[[Cell], bool]] | None = None  # the first stage trained in this store
     for k, size in enumerate(design.looks):
         seeds = list(range(first + (design.looks[k - 1] if k else 0), first + size))
         print(f"\nstage {k + 1}: seeds {seeds[0]}..{seeds[-1]} on {len(needed)} arm(s)", file=out)
         chosen = set(needed)
 
         def in_stage(cell: Cell, chosen: set[Arm] = chosen) -> bool:
-            return arm_of(cell) in chosen
+            return arm_of(cell) in chosen and cell_hash.get((arm_of(cell), seed_of(cell))) not in carried
 
-        code = run_sweep(name, [*rest, f"seeds=[{','.join(map(str, seeds))}]"], out=out, command=command, only=in_stage)
-        status = status or code
+        from_earlier = sum(cell_hash.get((a, s)) in carried for a in chosen for s in seeds)
+        if from_earlier:
+            print(f"  {from_earlier} of its {len(chosen) * len(seeds)} cells finished in the earlier part", file=out)
+        if from_earlier < len(chosen) * len(seeds):
+            seeds_text = f"seeds=[{','.join(map(str, seeds))}]"
+            code = run_sweep(name, [*rest, seeds_text], out=out, command=command, only=in_stage)
+            status = status or code
+            ran_here = ran_here or (seeds, in_stage)
         stage_hashes = [
             with_seed(p, s).config_hash for a, p in zip(arms, arm_plans, strict=True) if a in chosen for s in seeds
         ]
@@ -194,7 +248,7 @@ def run_auto(
         # Only the seeds of stages 1..k: runs of later seeds already there (a driver killed while its
         # next stage's jobs ran on) are this look's decision at its own n, not a larger one.
         looked = {h: (arm, s) for h, (arm, s) in hashes.items() if s < first + size}
-        evaluations, frame = read_stage(looked, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims)
+        evaluations, frame = read_stage(looked, arm_plans[0].tracking_uri, arm_plans[0].experiment, claims, earlier)
         arm_by_run = _arms_by_run(frame, hashes)
         verdicts = [verdict_at(design, e, arm_by_run(e)) for e in evaluations]
         print(f"\n{verdict_table(verdicts)}", file=out)
@@ -204,7 +258,7 @@ def run_auto(
                 "this stage's finished runs (mesh-results' claims.md says why for each)"
             )
             stages.append({"stage": k + 1, "seeds": seeds, "arms": len(chosen), "verdicts": [], "spent_h": spent_h})
-            _record(name, rest, auto, arm_plans, stages, stop, primary)
+            _record(name, rest, ran_here, arm_plans, stages, stop, primary, auto)
             print(f"seeds=auto stops: {stop}", file=out)
             return status or 1
         measured = {e.claim.id: [d for _, d in paired_diffs(e)] for e in evaluations}
@@ -221,7 +275,7 @@ def run_auto(
                   "spent_h": spent_h}  # fmt: skip
         stages.append(record)
         stop = _stop_reason(needed, k, design, auto, seconds, spent_h, launch, out)
-        _record(name, rest, auto, arm_plans, stages, stop, primary)
+        _record(name, rest, ran_here, arm_plans, stages, stop, primary, auto)
         if stop:
             print(f"seeds=auto stops: {stop}", file=out)
             return status
@@ -298,17 +352,24 @@ def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, o
 def _record(
     name: str,
     rest: Sequence[str],
-    auto: AutoSeeds,
+    ran_here: tuple[list[int], Callable[[Cell], bool]] | None,
     plans: Sequence[RunPlan],
     stages: list[dict[str, Any]],
     stop: str,
     claims: Sequence[str],
+    auto: AutoSeeds,
 ) -> None:
-    """The stages on the parent run of stage 1 (the whole grid at seeds 0..stage-1): ``stages.json``,
-    the structured record the report reads the design from (its settings and the primary claims it
-    decided, so that the family size is the one the design used)."""
-    launch, cell_overrides, _ = read_request(name, [*rest, _seeds_argument(range(auto.first, auto.first + auto.stage))])
-    _, first = grid_cells(name, cell_overrides, launch)
+    """The stages on the parent run of the first stage trained in this store (stage 1, the whole grid
+    at its first seeds, unless an earlier part ran it: ``seeds.earlier``): ``stages.json``, the
+    structured record the report reads the design from (its settings and the primary claims it
+    decided, so that the family size is the one the design used). Nothing is recorded while no stage
+    has trained here."""
+    if ran_here is None:
+        return
+    seeds, kept = ran_here
+    launch, cell_overrides, _ = read_request(name, [*rest, _seeds_argument(seeds)])
+    cells, stage_plans = grid_cells(name, cell_overrides, launch)
+    first = [p for c, p in zip(cells, stage_plans, strict=True) if kept(c)]
     found = ParentRun.find(plans[0].tracking_uri, sweep_dir_for(first[0], grid_key(name, first)))
     if found is None:
         return

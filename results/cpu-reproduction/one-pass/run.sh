@@ -169,13 +169,19 @@ for stage in "${STAGES[@]}"; do
       # z-loss rule written out): sweeps/conf/sweep/schemes_relr.yaml (the schemes grid at the LRs the
       # disjoint-seed sweep chose, seeds=auto from seed 500, every arm on MeSH's seeds) and
       # sweeps/conf/sweep/z_loss_lr.yaml (the z-loss arm at 4e-3 and 8e-3 with base, seeds 500-505).
-      sweep schemes_relr seeds=auto seeds.first=500 seeds.max=12 seeds.every_arm=true "${FULL[@]}" \
+      # run in parts where a store does not outlive a session: the committed report of the parts so
+      # far carries their runs (seeds.earlier; their cells are not trained again), and --add joins them
+      EARLIER=()
+      [ -f "$OUT/schemes_relr/runs.csv" ] && EARLIER=("seeds.earlier=$OUT/schemes_relr")
+      sweep schemes_relr seeds=auto seeds.first=500 seeds.max=12 seeds.every_arm=true "${EARLIER[@]}" "${FULL[@]}" \
         tracking.experiment=onepass_schemes_relr
       sweep z_loss_lr "${FULL[@]}" tracking.experiment=onepass_z_loss_lr
       sweep z_loss_lr arm=mesh_z_loss ++optim.lr_by_scheme.mesh=0.008 "${FULL[@]}" tracking.experiment=onepass_z_loss_lr
       ;;
     schemes-relr-report)
-      report schemes_relr onepass_schemes_relr
+      echo "+ mesh-results onepass_schemes_relr --out $OUT/schemes_relr --add" >&2
+      .venv/bin/mesh-results onepass_schemes_relr --runs-dir "$RUNS" --out "$OUT/schemes_relr" --add \
+        || echo "run.sh: no schemes_relr report (has its stage run?)" >&2
       report z_loss_lr onepass_z_loss_lr \
         && .venv/bin/python "$OUT/z_loss_lr.py" "$OUT/z_loss_lr" >/dev/null  # the declared rule: decision.md
       bash "$0" size-tokens-report  # the trend again, with the point at the re-chosen LRs
