@@ -182,8 +182,11 @@ for stage in "${STAGES[@]}"; do
       echo "+ mesh-results onepass_schemes_relr --out $OUT/schemes_relr --add" >&2
       .venv/bin/mesh-results onepass_schemes_relr --runs-dir "$RUNS" --out "$OUT/schemes_relr" --add \
         || echo "run.sh: no schemes_relr report (has its stage run?)" >&2
-      report z_loss_lr onepass_z_loss_lr \
-        && .venv/bin/python "$OUT/z_loss_lr.py" "$OUT/z_loss_lr" >/dev/null  # the declared rule: decision.md
+      # each part's runs joined to the committed report (--add), then the declared rule: decision.md
+      echo "+ mesh-results onepass_z_loss_lr --out $OUT/z_loss_lr --add" >&2
+      .venv/bin/mesh-results onepass_z_loss_lr --runs-dir "$RUNS" --out "$OUT/z_loss_lr" --add \
+        && .venv/bin/python "$OUT/z_loss_lr.py" "$OUT/z_loss_lr" >/dev/null \
+        || echo "run.sh: no z_loss_lr report (has its stage run?)" >&2
       bash "$0" size-tokens-report  # the trend again, with the point at the re-chosen LRs
       ;;
     size-tokens)
@@ -212,7 +215,9 @@ for stage in "${STAGES[@]}"; do
              --point "replicate: tiny, 5.1M tokens, seeds 200-202=$OUT/depth@loops.distribution=fixed")
       for point in "tiny tokens tiny, 11.7M tokens" "mini size mini, 5.1M tokens"; do
         read -r preset folder name <<< "$point"
-        if .venv/bin/mesh-results size_tokens --runs-dir "$SIZE_RUNS" --filter "params.model = '$preset'" \
+        if [ ! -f "$SIZE_RUNS/mlflow.db" ] && [ -f "$OUT/size_tokens/$folder/runs.csv" ]; then
+          TREND+=(--point "$name=$OUT/size_tokens/$folder")  # its store is gone: the committed report
+        elif .venv/bin/mesh-results size_tokens --runs-dir "$SIZE_RUNS" --filter "params.model = '$preset'" \
              --out "$OUT/size_tokens/$folder"; then
           TREND+=(--point "$name=$OUT/size_tokens/$folder")
         else
