@@ -250,6 +250,11 @@ def test_the_next_stage_is_named_by_its_seeds_from_seeds_first():
     out = io.StringIO()
     assert _stop_reason({"mesh"}, 0, design, auto, {"mesh": 360.0}, 0.0, launch, out) == ""
     assert out.getvalue().startswith("next: seeds 103..105 on 1 arm(s); projected ")
+    carried = io.StringIO()  # a stage whose runs all came from an earlier part: nothing timed here
+    assert _stop_reason({"mesh"}, 0, design, auto, {}, 0.0, launch, carried) == ""
+    assert carried.getvalue().startswith(
+        "next: seeds 103..105 on 1 arm(s); no projection: no run of this stage was timed"
+    )
 
 
 @pytest.mark.slow

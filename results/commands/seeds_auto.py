@@ -336,10 +336,15 @@ def _stop_reason(needed, k, design, auto: AutoSeeds, seconds, spent_h, launch, o
     cost = _hours(wall, launch)
     gpus = launch.resources.gpus_per_node * launch.resources.nodes
     eta = duration_text(wall / max(1, launch.launcher.concurrency))
+    projected = (
+        f"projected {cost:.3g} CPU-h{f', {wall * gpus / 3600:.3f} GPU-h' if gpus else ''}, ETA {eta} "
+        "(measured run times of this stage)"
+        if seconds
+        else "no projection: no run of this stage was timed in this store (an earlier part's runs)"
+    )
     print(
         f"next: seeds {auto.first + design.looks[k]}..{auto.first + design.looks[k + 1] - 1} on {len(needed)} arm(s); "
-        f"projected {cost:.3g} CPU-h{f', {wall * gpus / 3600:.3f} GPU-h' if gpus else ''}, ETA {eta} "
-        f"(measured run times of this stage)",
+        + projected,
         file=out,
     )
     if auto.budget_cpu_h is not None and spent_h + cost > auto.budget_cpu_h:
