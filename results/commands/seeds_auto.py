@@ -135,17 +135,19 @@ def earlier_runs(folder: str, hashes: Sequence[str]) -> pd.DataFrame:
 
 
 def with_earlier(frame: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
-    """This store's runs and the earlier part's of the cells it lacks (by config hash), both in the
-    form ``runs.csv`` gives them (the store's written and read back as a report writes it), so the
-    rows group alike on both sides; a cell in both is this store's."""
+    """This store's runs and the earlier part's of the cells it lacks, joined as ``mesh-results --add``
+    joins two parts (:func:`results.pipeline.merged`: a cell in both is this store's); the store's
+    runs first put in the form ``runs.csv`` gives them (written and read back as a report writes
+    it), so the rows group alike on both sides."""
     if frame.empty:
         return earlier
+    from results.pipeline import RunData, merged  # the report's machinery (matplotlib): only for a part
+
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "runs.csv"
         rows_frame.runs_table(aggregate(frame).runs).to_csv(path, index=False)
         mine = read_runs_csv(path)
-    rest = earlier[~earlier["config_hash"].isin(set(mine["config_hash"]))]
-    return pd.concat([rest, mine], ignore_index=True) if not rest.empty else mine
+    return merged(RunData(earlier), RunData(mine)).frame
 
 
 def finished_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:

@@ -58,9 +58,9 @@ sweep() {  # a failed cell is listed by mesh-sweep and recorded as FAILED; the n
   .venv/bin/mesh-sweep "$@" "${COMMON[@]}" || echo "run.sh: mesh-sweep $1 exited $? (see its table above)" >&2
 }
 
-report() {  # report DIR EXPERIMENT
-  echo "+ mesh-results $2 --out $OUT/$1" >&2
-  .venv/bin/mesh-results "$2" --runs-dir "$RUNS" --out "$OUT/$1" || echo "run.sh: no $1 report (has its stage run?)" >&2
+report() {  # report DIR EXPERIMENT [FLAG...] (--add: join this store's runs to the committed report)
+  echo "+ mesh-results $2 --out $OUT/$1 ${*:3}" >&2
+  .venv/bin/mesh-results "$2" --runs-dir "$RUNS" --out "$OUT/$1" "${@:3}" || echo "run.sh: no $1 report (has its stage run?)" >&2
 }
 
 lr_args() {  # +optim.lr_by_scheme.<scheme>=<best LR> from the LR report; anchor takes anchor*'s, any
@@ -179,9 +179,7 @@ for stage in "${STAGES[@]}"; do
       sweep z_loss_lr arm=mesh_z_loss ++optim.lr_by_scheme.mesh=0.008 "${FULL[@]}" tracking.experiment=onepass_z_loss_lr
       ;;
     schemes-relr-report)
-      echo "+ mesh-results onepass_schemes_relr --out $OUT/schemes_relr --add" >&2
-      .venv/bin/mesh-results onepass_schemes_relr --runs-dir "$RUNS" --out "$OUT/schemes_relr" --add \
-        || echo "run.sh: no schemes_relr report (has its stage run?)" >&2
+      report schemes_relr onepass_schemes_relr --add
       # each part's runs joined to the committed report (--add), then the declared rule: decision.md
       echo "+ mesh-results onepass_z_loss_lr --out $OUT/z_loss_lr --add" >&2
       .venv/bin/mesh-results onepass_z_loss_lr --runs-dir "$RUNS" --out "$OUT/z_loss_lr" --add \
