@@ -286,6 +286,7 @@ CASES: list[tuple[type, str, Any, Any, str]] = [
     (AutoSeeds, "budget_cpu_h", 0.0, lambda v: check_seeds("budget_cpu_h", v), "seeds.budget_cpu_h"),
     (AutoSeeds, "budget_gpu_h", 0.0, lambda v: check_seeds("budget_gpu_h", v), "seeds.budget_gpu_h"),
     (AutoSeeds, "first", -1, lambda v: check_seeds("first", v), "seeds.first"),
+    (AutoSeeds, "earlier", "/nowhere", lambda v: check_seeds("earlier", v), "seeds.earlier"),
 ]
 SCHEMAS = (
     TrainConfig, TrainerConfig, OptimConfig, TrackingConfig, ProbeConfig, SearchConfig, DataConfig, ModelConfig,
