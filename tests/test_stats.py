@@ -174,6 +174,11 @@ def test_sample_size_and_mde_textbook_values():
     critical = student_t.ppf(0.975, 2)
     ncp = mde / 2.0 * math.sqrt(3)
     assert nct.sf(critical, 2, ncp) + nct.cdf(-critical, 2, ncp) == pytest.approx(0.8, abs=1e-7)
+    # solved once in units of sd and scaled: the same power at any sd, and at two rows of n
+    for sd, n, paired in ((0.013, 6, True), (7.5, 4, False), (0.5, 12, True)):
+        assert power(min_detectable(sd, n, paired=paired), sd, n, paired=paired) == pytest.approx(0.8, abs=1e-9)
+    with pytest.raises(ValueError, match="sd > 0"):
+        min_detectable(0.0, 3)
     assert seeds_needed(0.0, 1.0) is None
 
 

@@ -24,6 +24,7 @@ the pooled SD (n seeds per row, df = 2n - 2).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -216,11 +217,20 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA, paired: bool =
 
 
 def min_detectable(sd: float, n: int, alpha: float = ALPHA, target: float = POWER, paired: bool = True) -> float:
-    """The smallest |effect| the two-sided t-test detects with probability ``target`` at this n."""
-    high = sd
-    while power(high, sd, n, alpha, paired) < target:
+    """The smallest |effect| the two-sided t-test detects with probability ``target`` at this n.
+    Power depends on the effect only through effect / sd, so this is sd times the answer for sd 1,
+    solved once per (n, alpha, target, paired): a report asks for it hundreds of times."""
+    if n < 2 or not sd > 0:
+        raise ValueError(f"min_detectable() needs n >= 2 and sd > 0, got n={n}, sd={sd}")
+    return sd * _min_detectable_in_sds(n, alpha, target, paired)
+
+
+@functools.lru_cache(maxsize=4096)
+def _min_detectable_in_sds(n: int, alpha: float, target: float, paired: bool) -> float:
+    high = 1.0
+    while power(high, 1.0, n, alpha, paired) < target:
         high *= 2.0
-    return float(brentq(lambda e: power(e, sd, n, alpha, paired) - target, 0.0, high, xtol=sd * 1e-9))
+    return float(brentq(lambda e: power(e, 1.0, n, alpha, paired) - target, 0.0, high, xtol=1e-12))
 
 
 def seeds_needed(
