@@ -58,7 +58,13 @@ def test_collapse_at_the_high_lr_only_comes_with_the_lr_and_with_the_loss(tmp_pa
     assert "**Reading**: the collapse comes with the LR (collapsed: 0/6 at 4e-3, 5/6 at 8e-3)" in text
     assert (
         "**Collapse and loss together**: yes: 8e-3 collapses, 4e-3 does not, and the 8e-3 - 4e-3 interval excludes 0"
-        in text
+        " (the collapsed LR's PPL is the higher)" in text
+    )
+    # the other way round: 4e-3 collapses and 8e-3, which does not, is worse
+    flipped = z_loss_lr.render(z_loss_lr.rows(runs(COLLAPSED, HEALTHY, LOW_PPL, HIGH_PPL)))
+    assert (
+        "4e-3 collapses, 8e-3 does not, and the 8e-3 - 4e-3 interval excludes 0 (the collapsed LR's PPL is the lower)"
+        in flipped
     )
     assert f"| z-loss at 0.008 | 6 | {np.mean(HIGH_PPL):.2f} (" in text
 

@@ -11,7 +11,8 @@ input's coefficient of f_K at the end below 0.1. With the seeds a row has (6 dec
 
 Loss: per LR the paired Δ log PPL of the z-loss arm - base with its 95% t interval, and the arm at
 8e-3 - at 4e-3 (paired by seed); "collapse and loss go together" is read only where one LR
-collapses and the other does not and the 8e-3 - 4e-3 interval excludes 0.
+collapses and the other does not and the 8e-3 - 4e-3 interval excludes 0, with the side the
+collapsed LR's PPL is on (lower or higher: "together" alone does not say which).
 
     python results/cpu-reproduction/one-pass/z_loss_lr.py results/cpu-reproduction/one-pass/z_loss_lr
 """
@@ -155,6 +156,9 @@ def render(found: dict[str, Row]) -> str:
     if parted:
         shown = "excludes 0" if between.excludes_zero else "covers 0"
         together = f"{'yes' if between.excludes_zero else 'not shown'}: {parted}, and the 8e-3 - 4e-3 interval {shown}"
+        if between.excludes_zero:  # which way: the rule's "together" does not say whether collapse costs or gains
+            collapsed_lower = (between.mean < 0) == parted.startswith("8e-3")
+            together += f" (the collapsed LR's PPL is the {'lower' if collapsed_lower else 'higher'})"
     else:
         together = "not read: no LR collapses while the other does not"
     lines = [
