@@ -72,9 +72,16 @@ def _paper(evaluation: Evaluation, line: ClaimComparison) -> str:
     return "" if effect is None else _percent(effect, evaluation, line)
 
 
+# An MDE past this many % of PPL (two seeds and a wild one: exp(38) - 1) is written as "±>1000%":
+# seventeen digits of an effect no run could have shown say nothing more.
+MDE_SHOWN_UP_TO = 1000.0
+
+
 def _mde(evaluation: Evaluation, line: ClaimComparison) -> str:
     if line.mde is None:
         return ""
+    if _log_scale(evaluation) and math.expm1(line.mde) * 100 > MDE_SHOWN_UP_TO:
+        return f"±>{MDE_SHOWN_UP_TO:.0f}%"
     percent = _percent(line.mde, evaluation, line).lstrip("+")
     return f"±{percent}" if percent else f"±{line.mde:.3g}"
 
