@@ -3,6 +3,8 @@ rebuilt on a copy of each leaves every file byte for byte as committed, figures 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from results.commands.reports import ROOT, check_folder, differing_files, report_folders
@@ -51,8 +53,6 @@ def test_every_committed_trend_is_what_its_report_folders_give():
 
 def test_an_mde_past_1000_percent_of_ppl_is_written_as_such_not_in_seventeen_digits():
     """Two seeds and a wild one make the MDE exp(38) - 1 of PPL: the LR sweeps' claims say >1000%."""
-    import re
-
     for folder in ("one-pass/lr", "one-pass/lr_disjoint"):
         text = (ROOT / folder / "claims.md").read_text()
         assert "±>1000%" in text and not re.search(r"±\d{5,}", text), folder

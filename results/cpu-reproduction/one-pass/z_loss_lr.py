@@ -157,7 +157,7 @@ def render(found: dict[str, Row]) -> str:
         shown = "excludes 0" if between.excludes_zero else "covers 0"
         together = f"{'yes' if between.excludes_zero else 'not shown'}: {parted}, and the 8e-3 - 4e-3 interval {shown}"
         if between.excludes_zero:  # which way: the rule's "together" does not say whether collapse costs or gains
-            collapsed_lower = (between.mean < 0) == parted.startswith("8e-3")
+            collapsed_lower = (between.mean < 0) == (high.collapsed > low.collapsed)  # one LR collapsed: parts()
             together += f" (the collapsed LR's PPL is the {'lower' if collapsed_lower else 'higher'})"
     else:
         together = "not read: no LR collapses while the other does not"
