@@ -438,8 +438,8 @@ def test_one_label_drawn_otherwise_in_two_panels_keeps_an_entry_for_each_look():
 
 
 def test_saving_a_figure_gives_it_back_cleared_with_its_layout_engine(tmp_path):
-    """save_figure lays out once for both formats (the engine off for the second save) and puts the
-    engine back, a colorbar's figure included."""
+    """save_figure lays out once for both formats (the engine off while they are written) and puts
+    the engine back, a colorbar's figure included."""
     import matplotlib as mpl
 
     from experiments.probing.figures import figure, save_figure
@@ -454,6 +454,43 @@ def test_saving_a_figure_gives_it_back_cleared_with_its_layout_engine(tmp_path):
     )
     assert fig.get_layout_engine() is engine and not fig.axes
     fig.colorbar(mpl.cm.ScalarMappable(), ax=fig.subplots())  # the engine takes a colorbar again
+
+
+def test_a_saved_figure_is_drawn_once_a_format_and_is_what_savefig_with_its_engine_writes(tmp_path, monkeypatch):
+    """The layout runs once, at the saved dpi, before both formats: two draws in all, where savefig
+    of a figure that keeps its engine draws each format twice (a pass without output to lay it
+    out). The files are byte for byte the ones that slower path writes."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    from experiments.probing.figures import SAVED_DPI, figure, save_figure
+
+    def heatmap():
+        fig, (ax,) = figure(4.0, 3.0)
+        image = ax.imshow([[0.0, 0.5, 1.0], [1.0, 0.25, 0.0], [0.5, 0.5, 0.5]])
+        for i, j in itertools.product(range(3), range(3)):
+            ax.text(j, i, f"{i + j / 10:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(3), ["prelude", "core 1", "coda"], rotation=45, ha="right")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+        ax.set_title("a title that constrained layout makes room for")
+        return fig
+
+    draws = []
+    draw = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: (draws.append(1), draw(self, renderer))[1])
+    paths = save_figure(heatmap(), tmp_path / "once", "heatmap")
+    assert len(draws) == 2
+    draws.clear()
+    slow = heatmap()  # as before: the PNG laid out by savefig, its layout kept for the SVG
+    (tmp_path / "slow").mkdir()
+    with matplotlib.rc_context({"svg.hashsalt": "heatmap"}):
+        for path in paths:
+            metadata = {"Date": None} if path.suffix != ".png" else None
+            slow.savefig(tmp_path / "slow" / path.name, dpi=SAVED_DPI, metadata=metadata)
+            slow.set_layout_engine("none")
+    assert len(draws) == 4
+    for path in paths:
+        assert path.read_bytes() == (tmp_path / "slow" / path.name).read_bytes(), path.name
 
 
 def test_ppl_vs_params_widens_for_a_long_legend_beside_its_panel():
