@@ -60,6 +60,18 @@ class ModelOutput:
     loops_used: Tensor | None = None  # (N, L) core steps each token ran, with a per-token exit
 
 
+def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
+    """``nn.Embedding(vocab_size, d_model)``; on the meta device (a model built only to be counted)
+    without the embedding's own Normal init, which :meth:`MeshTransformer.reset_parameters` redraws
+    anyway: on meta that ``normal_`` runs torch's reference implementation, whose wrapper imports
+    torch._dynamo, 1.5-3.5 s of a ``mesh-sweep`` or ``mesh-model params`` that has nothing to draw.
+    Elsewhere unchanged, so the global generator's draws after a build, which the data order may
+    read, stay as they were."""
+    if torch.empty(0).is_meta:
+        return nn.Embedding(vocab_size, d_model, _weight=torch.empty(vocab_size, d_model))
+    return nn.Embedding(vocab_size, d_model)
+
+
 class MeshTransformer(nn.Module):
     """Two build options that leave the math (and the parameter names) unchanged:
 
@@ -95,7 +107,7 @@ class MeshTransformer(nn.Module):
                 )
             )
 
-        self.embed_in = nn.Embedding(config.vocab_size, d)
+        self.embed_in = _embedding(config.vocab_size, d)
         self.prelude = stack(layout.prelude)
         self.cores = nn.ModuleList(stack(n) for n in layout.cores)
         self.coda = stack(layout.coda)
