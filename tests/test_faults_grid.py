@@ -1,4 +1,6 @@
-"""Faults of a grid, with the real CLI, a real sqlite store and real signals.
+"""Faults of a grid, with the real CLI, a real sqlite store and real signals. The grids that are
+signalled or killed run as processes of their own; the rest call the console script's ``main`` in
+this process (tests/helpers.py's ``run_tool``): what they test is the refusal, the store or the report.
 
 * SIGKILL to one worker of ``launcher=parallel``: only its cell fails, the others finish, and
   MLflow agrees with the table;
@@ -25,6 +27,9 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+from helpers import Ran, run_tool
+
+from experiments.store.sqlite import forget_engine
 
 BIN = Path(sys.executable).parent
 GRID = ["schemes", "scheme=base,mesh,anchor", "launcher=parallel", "launcher.workers=2"]
@@ -257,18 +262,13 @@ BAD_INPUTS = [
 
 @pytest.mark.slow
 def test_bad_launch_inputs_are_refused_in_one_line_before_anything_is_logged(tmp_path, cell):
-    started = []
-    for number, (arguments, message) in enumerate(BAD_INPUTS):  # side by side: each pays the imports
+    for number, (arguments, message) in enumerate(BAD_INPUTS):  # mesh-sweep's main in this process
         folder = tmp_path / str(number)
         folder.mkdir()
-        command = [str(BIN / "mesh-sweep"), "schemes", "scheme=base,mesh", *cell(6), f"runs_dir={folder / 'runs'}"]
-        process = subprocess.Popen(
-            [*command, *arguments], cwd=folder, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        started.append((arguments, message, folder, process))
-    for arguments, message, folder, process in started:
-        out, err = (text.decode() for text in process.communicate(timeout=180))
-        assert process.returncode == 2, (arguments, out, err)
+        command = ["schemes", "scheme=base,mesh", *cell(6), f"runs_dir={folder / 'runs'}"]
+        done = run_tool("mesh-sweep", *command, *arguments, env=environment(), cwd=folder)
+        out, err = done.stdout, done.stderr
+        assert done.returncode == 2, (arguments, out, err)
         assert err.count("\n") == 1 and err.startswith(f"error: {message}"), (arguments, err)
         assert not (folder / "runs").exists() and not list(folder.rglob("mlflow.db")), arguments
 
@@ -281,15 +281,19 @@ def test_rebuild_store_given_to_a_grid_reaches_its_parent_run_too(tmp_path, cell
     runs_dir = tmp_path / "runs"
     db = runs_dir / "mlflow.db"
 
-    def sweep(*arguments: str) -> subprocess.CompletedProcess:
-        command = [str(BIN / "mesh-sweep"), "schemes", "launcher=local", *cell(4, 4), f"runs_dir={runs_dir}"]
-        return subprocess.run(
-            [*command, *arguments], cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=600
-        )
+    def sweep(*arguments: str) -> Ran:
+        """mesh-sweep's main in this process (the store is the point, not the process); afterwards
+        its engine is let go, as a process that exits leaves the store: WAL checkpointed, no
+        connection left open on a file the test damages or the next grid sets aside."""
+        command = ["schemes", "launcher=local", *cell(4, 4), f"runs_dir={runs_dir}"]
+        try:
+            return run_tool("mesh-sweep", *command, *arguments, env=environment(), cwd=tmp_path)
+        finally:
+            forget_engine(f"sqlite:///{db.resolve()}")
 
     first = sweep("scheme=base")
     assert first.returncode == 0, first.stderr
-    (old_parent,) = [f.read_text() for f in runs_dir.glob("schemes/sweeps/*/parent_run_id")]  # (store unopened here)
+    (old_parent,) = [f.read_text() for f in runs_dir.glob("schemes/sweeps/*/parent_run_id")]  # (store let go)
     db.write_bytes(db.read_bytes()[: db.stat().st_size // 2])
     damaged = db.read_bytes()
 
@@ -341,13 +345,7 @@ def test_the_same_config_and_seed_trained_twice_is_one_replicate(tmp_path):
     earlier = _finished_run(client, experiment_id, "seed0-first", 0, "aaaaaaaaaaaa", 7.20, now - 60_000)
     _finished_run(client, experiment_id, "seed1", 1, "bbbbbbbbbbbb", 7.60, now)
     out = tmp_path / "out"
-    result = subprocess.run(
-        [str(BIN / "mesh-results"), "dups", "--tracking-uri", uri, "--out", str(out)],
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_tool("mesh-results", "dups", "--tracking-uri", uri, "--out", str(out), env=environment())
     assert result.returncode == 0, result.stderr
     (row,) = pd.read_csv(out / "table.csv").to_dict("records")
     assert row["n_runs"] == 2 and str(row["seeds"]) == "0 1"

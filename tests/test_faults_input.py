@@ -1,7 +1,8 @@
 """Bad input stops before compute: one line on stderr, exit code 2, no MLflow run, no data prepared.
 
 Every case runs the console script's ``main`` (``mesh-train``, ``mesh-eval``, ``mesh-probe``) in
-this process (tests/helpers.py; a real process where a read-only mount needs one) with its own
+this process (tests/helpers.py; a real process where a read-only mount or a full disk is met, or
+where what a fresh process imports is the point) with its own
 ``runs_dir`` and an empty ``MESH_CACHE_DIR``. Afterwards: the one line
 names the field, the exit code is 2, the store holds no run (or does not exist), no run folder
 exists under ``runs_dir/<experiment>``, the token cache was never touched (no data preparation):
@@ -283,6 +284,8 @@ def test_a_disk_that_fills_while_mesh_results_writes_says_so_in_one_line_and_kee
     small_store, tmp_path
 ):
     """Before: pandas' or matplotlib's traceback, "No space left on device" at its end."""
+    from experiments.store.sqlite import forget_engine
+
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
@@ -305,7 +308,13 @@ def test_a_disk_that_fills_while_mesh_results_writes_says_so_in_one_line_and_kee
         assert [p.name for p in out.iterdir()] == ["report.md"]
         assert (out / "report.md").read_text() == "the report of yesterday\n"
         (disk / "filler").unlink()
-        again = run_process("mesh-results", *args, env=tool_env(tmp_path), cwd=tmp_path)
+        # The full disk is the first call's (a process of its own, as a user meets it); the rerun
+        # only writes the report, in this process. Its engine is let go afterwards: the module's
+        # store is left as a process that exits leaves it (no connection, no -wal/-shm beside it).
+        try:
+            again = run_tool("mesh-results", *args, env=tool_env(tmp_path), cwd=tmp_path)
+        finally:
+            forget_engine(f"sqlite:///{small_store.resolve()}")
         assert again.returncode == 0, again.stderr
         assert "the report of yesterday" not in (out / "report.md").read_text()
     finally:

@@ -4,6 +4,8 @@ a terminal asks, elsewhere ``--yes`` is needed.
 
 Planning is made to refuse here (``data.path`` names no file): what is printed before that refusal
 was printed before planning, and a command that reaches that refusal went past the confirmation.
+``mesh-sweep`` runs its main in this process (tests/helpers.py), off a terminal; the questions
+asked on a terminal run it in a process of its own whose stdin is a pseudo-terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Ran, run_tool
 
 from experiments.budget import CPU_FLOPS, GPU_FLOPS
 from experiments.checkpoints import load_model
@@ -34,23 +37,39 @@ REFUSE_YES = (
 )
 
 
-def big_grid(tmp_path: Path, *extra: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+def big_grid_arguments(tmp_path: Path) -> list[str]:
     """240 cells (6 schemes x 40 seeds) whose planning refuses: data.path names no file."""
     missing = tmp_path / "missing.txt"
-    command = [MESH_SWEEP, "schemes", "seeds=40", "data=text", f"data.path={missing}", f"runs_dir={tmp_path / 'runs'}"]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.run([*command, *extra], stdin=stdin, capture_output=True, text=True, timeout=300, env=env)
+    return ["schemes", "seeds=40", "data=text", f"data.path={missing}", f"runs_dir={tmp_path / 'runs'}"]
 
 
-def planning_refused(done: subprocess.CompletedProcess, tmp_path: Path) -> bool:
+def environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
+def big_grid(tmp_path: Path, *extra: str, monkeypatch: pytest.MonkeyPatch) -> Ran:
+    """mesh-sweep of the big grid, its main in this process, off a terminal: its stdin is empty and
+    no terminal (as /dev/null is to a process), whatever stdin pytest itself was given."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO())
+    return run_tool("mesh-sweep", *big_grid_arguments(tmp_path), *extra, env=environment())
+
+
+def big_grid_on_a_terminal(tmp_path: Path, stdin: int) -> Ran:
+    """mesh-sweep of the big grid in a process of its own, whose stdin is the terminal ``stdin``."""
+    command = [MESH_SWEEP, *big_grid_arguments(tmp_path)]
+    done = subprocess.run(command, stdin=stdin, capture_output=True, text=True, timeout=300, env=environment())
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def planning_refused(done: Ran, tmp_path: Path) -> bool:
     return (
         done.returncode == 2
         and done.stderr == f"error: data.path='{tmp_path / 'missing.txt'}' is invalid: no such file or folder\n"
     )
 
 
-def test_the_count_and_the_estimate_come_before_planning(tmp_path):
-    done = big_grid(tmp_path, "--dry-run")
+def test_the_count_and_the_estimate_come_before_planning(tmp_path, monkeypatch):
+    done = big_grid(tmp_path, "--dry-run", monkeypatch=monkeypatch)
     assert planning_refused(done, tmp_path), done.stderr
     count, estimate = done.stdout.splitlines()
     assert count == "schemes: 240 cells (6 configs x 40 seeds)"
@@ -59,20 +78,21 @@ def test_the_count_and_the_estimate_come_before_planning(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_off_a_terminal_a_big_grid_needs_yes(tmp_path):
-    refused = big_grid(tmp_path)
+def test_off_a_terminal_a_big_grid_needs_yes(tmp_path, monkeypatch):
+    refused = big_grid(tmp_path, monkeypatch=monkeypatch)
     assert refused.returncode == 2 and refused.stderr == REFUSE_YES + "\n"
     assert refused.stdout.startswith("schemes: 240 cells (6 configs x 40 seeds)\nschemes: estimate: ")
-    assert planning_refused(big_grid(tmp_path, "--yes"), tmp_path)  # --yes: on to planning
+    assert planning_refused(big_grid(tmp_path, "--yes", monkeypatch=monkeypatch), tmp_path)  # --yes: on to planning
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("answer, starts", [("n", False), ("y", True)])
 def test_on_a_terminal_a_big_grid_asks_first(tmp_path, answer, starts):
+    """A real process whose stdin is a pseudo-terminal: the terminal is the point."""
     terminal, stdin = pty.openpty()
     try:
         os.write(terminal, f"{answer}\n".encode())  # typed ahead: read once the question is asked
-        done = big_grid(tmp_path, stdin=stdin)
+        done = big_grid_on_a_terminal(tmp_path, stdin)
     finally:
         os.close(stdin)
         os.close(terminal)

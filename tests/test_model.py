@@ -181,3 +181,26 @@ def test_core_outputs_are_each_iterations_core_applied_to_its_input(scheme, layo
 def test_vanilla_layout_has_no_core_outputs():
     model = build_model(ModelConfig.from_preset("tiny", layout="6"))
     assert model(torch.zeros(1, 4, dtype=torch.long), return_hidden_states=True).core_outputs == {}
+
+
+def test_a_model_built_on_the_meta_device_draws_nothing_and_imports_no_torch_dynamo():
+    """A model only counted (mesh-sweep's estimate, mesh-model params) is built on meta: nn.Embedding's
+    own Normal init ran torch's reference normal_ there, whose wrapper imports torch._dynamo (1.5-3.5 s
+    of every mesh-sweep start). A fresh process shows what it imports."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from mesh_model import ModelConfig, build_model\n"
+        "with torch.device('meta'):\n"
+        "    model = build_model(ModelConfig(layout='1+2R2+1', scheme='mesh', d_model=64, n_heads=4))\n"
+        "assert all(p.is_meta for p in model.parameters())\n"
+        "print(sum(p.numel() for p in model.parameters()), 'torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    count, dynamo = done.stdout.split()
+    config = ModelConfig(layout="1+2R2+1", scheme="mesh", d_model=64, n_heads=4)
+    assert int(count) == sum(p.numel() for p in build_model(config).parameters())
+    assert dynamo == "False"
