@@ -1,13 +1,15 @@
 """A run survives what happens to processes: kill -9, Ctrl-C, SIGTERM, a damaged checkpoint, the
 same run started twice, its MLflow run deleted, a store whose creation was cut short.
 
-Where a signal or a process's own output is the point, the case runs the real ``mesh-train`` in a
-subprocess against a real sqlite store and sends the real signal; the run after the stop, and the
-runs of the cases that only stage what a stop leaves (a finished run asked for more steps, a run
-killed after its last checkpoint), are the same command called in this process (``run_here``).
-Each case states what must hold: exit code, run status and tags in MLflow, checkpoint files, and
-(for the resumed runs) metric histories equal, step by step and bit for bit, to the same run left
-uninterrupted (trained in a process of its own), with no step logged twice.
+Where a signal, a kill, two runs at once, DDP ranks or a process's own output is the point, the
+case runs the real ``mesh-train`` in a subprocess against a real sqlite store and sends the real
+signal; the run after the stop, a start that is only refused with one line (the same run started
+twice, its MLflow run deleted), the runs of the cases that only stage what a stop leaves (a
+finished run asked for more steps, a run killed after its last checkpoint) and the uninterrupted
+reference run are the same command called in this process (``run_here``). Each case states what
+must hold: exit code, run status and tags in MLflow, checkpoint files, and (for the resumed runs)
+metric histories equal, step by step and bit for bit, to the same run left uninterrupted, with no
+step logged twice.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from helpers import Ran, run_tool
 
 from experiments.compose import compose_config
 from experiments.plan import OtherLength, other_lengths, plan_run
+from experiments.store.sqlite import forget_engine
 
 MESH_TRAIN = str(Path(sys.executable).parent / "mesh-train")
 # 40 steps, a checkpoint every 10 and a validation every 20: a stop after a checkpoint leaves work to
@@ -98,10 +101,12 @@ def record(runs_dir: Path):
 
 @pytest.fixture(scope="session")
 def uninterrupted(shared_once):
-    """The metric histories of RUN left uninterrupted, trained once for every xdist worker."""
+    """The metric histories of RUN left uninterrupted, trained once for every xdist worker (in the
+    process of the worker that asks first: the resumed runs it is compared with train in this
+    process too, bit for bit the same as in one of their own)."""
 
     def train(folder: Path) -> None:
-        result = run(folder)
+        result = run_here(folder)
         assert result.returncode == 0, result.stderr
         status, _, histories = record(folder)
         assert status == "FINISHED" and [s for s, _ in histories["val/shakespeare/loss"]] == [20, 40]
@@ -342,8 +347,8 @@ def test_the_same_run_started_twice_is_refused_naming_the_holder(tmp_path):
     first = start(tmp_path)
     wait_for(tmp_path, "mlflow_run_id", first)
     first.send_signal(signal.SIGSTOP)  # held still: on a loaded machine 40 steps end before a start
-    try:
-        second = run(tmp_path)
+    try:  # the refused start in this process: the holder's process and its lock are the point
+        second = run_here(tmp_path)
     finally:
         first.send_signal(signal.SIGCONT)
     assert second.returncode == 2
@@ -373,7 +378,7 @@ def test_a_deleted_mlflow_run_answers_in_one_line_and_resume_false_starts_over(t
     stop(process, signal.SIGKILL, after=0)
     run_id = (run_dir(tmp_path) / "mlflow_run_id").read_text().strip()
     mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").delete_run(run_id)
-    again = run(tmp_path)
+    again = run_here(tmp_path)  # refused with one line: the kill above is what needs a process
     assert again.returncode == 2
     assert again.stderr.splitlines() == [
         f"error: the MLflow run {run_id} of {run_dir(tmp_path)} is not in sqlite:///{tmp_path / 'mlflow.db'} "
@@ -422,10 +427,12 @@ def test_a_store_whose_creation_hit_a_full_disk_is_rebuilt_on_the_next_start(tmp
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
     try:
-        full = run(disk, "max_steps=2")
+        full = run_here(disk, "max_steps=2")  # only stages the half-made store
+        forget_engine(f"sqlite:///{(disk / 'mlflow.db').resolve()}")  # MLflow's, for the file moved aside
         assert full.returncode != 0
         assert (disk / "mlflow.db").exists()  # a store half made
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        # The next start in a process of its own: what it finds is the file, not this process's state.
         again = run(disk, "max_steps=2", "probes.enabled=false")
         assert again.returncode == 0, again.stderr
         rebuilt = [line for line in again.stderr.splitlines() if "was incomplete" in line]
@@ -466,7 +473,7 @@ def test_a_disk_that_fills_while_metrics_are_logged_says_so_in_one_line_and_the_
             "freed space lets the same command resume from step " + line.split("kept checkpoint step ")[1].split()[0]
         )
         (disk / "filler").unlink()
-        again = run(tmp_path, store)
+        again = run_here(tmp_path, store)  # the rerun after the stop
         assert again.returncode == 0, again.stderr
         assert "[mesh-train] resuming from " in again.stderr
         client = mlflow.MlflowClient(f"sqlite:///{disk / 'mlflow.db'}")
@@ -475,6 +482,7 @@ def test_a_disk_that_fills_while_metrics_are_logged_says_so_in_one_line_and_the_
         for key in HISTORIES:  # nothing lost, nothing twice
             assert [(m.step, m.value) for m in client.get_metric_history(run_id, key)] == uninterrupted[key], key
     finally:
+        forget_engine(store.removeprefix("tracking.tracking_uri="))  # its connections, before the unmount
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 

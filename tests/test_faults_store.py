@@ -2,8 +2,9 @@
 naming the file, the damage and the way on; only a store this tool was creating and never finished is
 rebuilt without being asked, and ``tracking.rebuild_store=true`` sets a damaged one aside.
 
-One real run fills a real sqlite store; each case damages a copy and runs the real commands: in
-processes of their own where all they print must be one line, in this one where the store is the
+One real run (in this process) fills a real sqlite store; each case damages a copy and runs the
+real commands: in processes of their own where all they print must be one line (a fresh process's
+stderr, warnings included, which pytest would record instead), in this one where the store is the
 point (the recover case reads the command the line names from that line, whatever else is said).
 """
 
@@ -19,6 +20,8 @@ from pathlib import Path
 import mlflow
 import pytest
 from helpers import Ran, run_tool
+
+from experiments.store.sqlite import forget_engine
 
 BIN = Path(sys.executable).parent
 RUN = ("model=tiny", "max_steps=2", "val_every=2", "checkpoint_every=2", "data.seq_len=32", "data.batch_size=4")
@@ -45,9 +48,17 @@ def mesh_results(runs_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def store_with_a_run(tmp_path_factory) -> Path:
+    """A store with one finished run, whole in mlflow.db (no -wal) to be copied: trained in this
+    process, its store is closed as a process's exit closes it (MLflow keeps an engine per URI for
+    the life of the process) and its WAL written back into the file."""
     runs_dir = tmp_path_factory.mktemp("store")
-    done = mesh_train(runs_dir)  # a process: its store closed at exit, whole in mlflow.db (no -wal) to be copied
+    done = mesh_train_here(runs_dir)
     assert done.returncode == 0, done.stderr
+    db = (runs_dir / "mlflow.db").resolve()
+    forget_engine(f"sqlite:///{db}")
+    with closing(sqlite3.connect(db)) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_size == 0
     return runs_dir / "mlflow.db"
 
 
