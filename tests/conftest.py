@@ -24,6 +24,7 @@ import mlflow
 import pytest
 import torch
 from filelock import FileLock
+from helpers import server_environment
 from omegaconf import DictConfig
 from suite_clock import SuiteClock, add_option
 
@@ -265,6 +266,7 @@ def mlflow_server(tmp_path_factory) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         cwd=root,
+        env=server_environment(),
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300  # a server that exits fails at once; this only stops one that hangs

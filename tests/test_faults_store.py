@@ -19,7 +19,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from helpers import Ran, run_tool
+from helpers import Ran, run_tool, server_environment
 
 from experiments.store.sqlite import forget_engine
 
@@ -168,7 +168,13 @@ def test_a_tracking_server_that_stops_answering_is_said_once_and_its_return_once
             command = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", port, "--workers", "1"]
             command += ["--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"]
             servers.append(
-                subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.Popen(
+                    command,
+                    cwd=tmp_path,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=server_environment(),
+                )
             )
 
     watch_tracking_server(uri, say)
