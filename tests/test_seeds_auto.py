@@ -5,12 +5,11 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
+from helpers import run_tool
 
 from results.stats.comparison import seeds_needed
 from results.stats.sequential import PRIOR_SD, PRIOR_SD_SOURCE, Design, sequential_seeds_needed
@@ -158,19 +157,14 @@ def test_seeds_auto_runs_stages_records_them_resumes_and_plans_from_the_runs(tmp
     assert json.loads((tmp_path / "report" / "stages.json").read_text()) == document
     assert "seeds_auto.stage2" in client.get_run(first.info.run_id).data.tags
 
-    # The same command again, as a user re-runs it (a new process): everything finished, same verdict.
-    script = str(Path(sys.executable).parent / "mesh-sweep")
-    again = subprocess.run([script, "schemes", *args], capture_output=True, text=True, timeout=300)
+    # The same command again, as a user re-runs it: everything finished, same verdict. In this
+    # process (mesh-sweep's main): what it reads back is the store's, which the first run wrote.
+    again = run_tool("mesh-sweep", "schemes", *args)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "already finished, 0 to run" in again.stdout and f"  {last['verdict']}  RCI" in again.stdout
     assert len(parents(tmp_path)[2]) == 8
 
-    plan = subprocess.run(
-        [script, "schemes", "--plan", "scheme=base,mesh", *CELL, f"runs_dir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    plan = run_tool("mesh-sweep", "schemes", "--plan", "scheme=base,mesh", *CELL, f"runs_dir={tmp_path}")
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "from 4 finished paired seeds" in plan.stdout and "(measured run times)" in plan.stdout
 

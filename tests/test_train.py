@@ -167,8 +167,9 @@ def test_mesh_train_cli_logs_everything_to_sqlite(tmp_path, tiny_overrides):
     assert timing["total_s"] < wall
     assert {p: metrics[f"time/{p}"] for p in (*parts, "total_s", "steps_per_s")} == pytest.approx(timing)
     assert timing["steps_per_s"] == pytest.approx(30 / (timing["steps_s"] + timing["between_steps_s"]))
-    # The same command again: the run is finished, nothing new starts.
-    again = run_cli(*args)
+    # The same command again (in this process: the refusal reads the store, not a fresh interpreter):
+    # the run is finished, nothing new starts.
+    again = run_tool("mesh-train", *args, env=clean_env())
     assert again.returncode == 0 and "already finished" in again.stderr
     assert len(runs_of(client)) == 1
 
