@@ -67,7 +67,7 @@ def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
     torch._dynamo, 1.5-3.5 s of a ``mesh-sweep`` or ``mesh-model params`` that has nothing to draw.
     Elsewhere unchanged, so the global generator's draws after a build, which the data order may
     read, stay as they were."""
-    if torch.empty(0).is_meta:
+    if torch.get_default_device().type == "meta":
         return nn.Embedding(vocab_size, d_model, _weight=torch.empty(vocab_size, d_model))
     return nn.Embedding(vocab_size, d_model)
 
